@@ -1,0 +1,39 @@
+"""npu-manager: one arbiter between the apps that want a neural accelerator and its driver.
+
+The platform's constant names are attributes of this module with the platform's values,
+e.g. `npumanager.NPU_MODEL_SIZE_GREATER_THAN_2G == 2`.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from npumanager.core.hookspecs import hookimpl
+from npumanager.core.plugins import PluginRegistry, load_plugins
+from npumanager.errors import (
+    ConfigError,
+    NpuManagerError,
+    PluginError,
+    PluginWarning,
+    UnknownPluginError,
+)
+from npumanager.schemas import *  # noqa: F403
+from npumanager.schemas import __all__ as _schema_names
+
+try:
+    __version__ = version("npu-manager")
+except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
+    __version__ = "0+unknown"
+
+__all__ = [  # noqa: PLE0604
+    *_schema_names,
+    "ConfigError",
+    "NpuManagerError",
+    "PluginError",
+    "PluginRegistry",
+    "PluginWarning",
+    "UnknownPluginError",
+    "__version__",
+    "hookimpl",
+    "load_plugins",
+]

@@ -1,0 +1,230 @@
+"""The `npu-manager` command line.
+
+A user's mistake (a bad config file, an unknown name) is one line on stderr and exit
+code 2; only a bug in npu-manager itself produces a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from npumanager import __version__
+from npumanager.core.config import LoadedConfig, load_config
+from npumanager.core.plugins import PluginRegistry, Registration, load_plugins
+from npumanager.errors import NpuManagerError, PluginWarning
+from npumanager.schemas import SCHEMA_MODELS, DriverRecord, PluginKind
+
+PROG = "npu-manager"
+_KIND_LABELS = {
+    PluginKind.DRIVER: "drivers",
+    PluginKind.POLICY: "policies",
+    PluginKind.SINK: "sinks",
+}
+EXIT_USAGE = 2
+
+
+class _Context:
+    """What every command needs: the config, lazily the plugins, and the output streams."""
+
+    def __init__(self, args: argparse.Namespace, out: TextIO, err: TextIO) -> None:
+        self.args = args
+        self.out = out
+        self.err = err
+        self._loaded: LoadedConfig | None = None
+        self._registry: PluginRegistry | None = None
+
+    @property
+    def loaded(self) -> LoadedConfig:
+        if self._loaded is None:
+            self._loaded = load_config(self.args.config)
+        return self._loaded
+
+    @property
+    def registry(self) -> PluginRegistry:
+        if self._registry is None:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", PluginWarning)
+                self._registry = load_plugins(self.loaded.config)
+            for warning in caught:
+                print(f"{PROG}: warning: {warning.message}", file=self.err)
+        return self._registry
+
+
+def _table(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> str:
+    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=False)]
+    lines = [headers, ["-" * w for w in widths], *rows]
+    return "\n".join(
+        "  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+def _capabilities(registration: Registration) -> str:
+    record = registration.record
+    if isinstance(record, DriverRecord):
+        return ",".join(sorted(record.capabilities)) or "-"
+    return "-"
+
+
+def _plugin_rows(registry: PluginRegistry) -> list[dict[str, Any]]:
+    return [
+        {
+            "kind": str(reg.kind),
+            "name": reg.name,
+            "distribution": reg.source.distribution,
+            "version": reg.version,
+            "plugin": reg.source.name,
+            "builtin": reg.source.builtin,
+            "capabilities": _capabilities(reg).split(",") if _capabilities(reg) != "-" else [],
+            "description": reg.record.description,
+        }
+        for reg in registry.registrations()
+    ]
+
+
+def cmd_plugins(ctx: _Context) -> int:
+    """List every registered driver, policy and sink."""
+    registry = ctx.registry
+    rows = _plugin_rows(registry)
+    if ctx.args.json:
+        problems = [
+            {"plugin": p.source.name, "distribution": p.source.distribution, "message": p.message}
+            for p in registry.problems
+        ]
+        json.dump({"plugins": rows, "problems": problems}, ctx.out, indent=2)
+        ctx.out.write("\n")
+        return 0
+    if not rows:
+        print("no plugins registered", file=ctx.out)
+        return 0
+    headers = ["KIND", "NAME", "DISTRIBUTION", "VERSION", "CAPABILITIES"]
+    body = [
+        [r["kind"], r["name"], r["distribution"], r["version"], ",".join(r["capabilities"]) or "-"]
+        for r in rows
+    ]
+    print(_table(body, headers), file=ctx.out)
+    return 0
+
+
+def cmd_demo(ctx: _Context) -> int:
+    """The main job; until the service lands, show what a service could be built from."""
+    registry = ctx.registry
+    print(f"npu-manager {__version__}: installed building blocks", file=ctx.out)
+    for kind, label in _KIND_LABELS.items():
+        names = [reg.name for reg in registry.registrations(kind)]
+        print(f"  {label:<9} {', '.join(names) or '(none installed)'}", file=ctx.out)
+    if registry.problems:
+        print(f"  {len(registry.problems)} plugin problem(s) reported above", file=ctx.out)
+    return 0
+
+
+def cmd_schema(ctx: _Context) -> int:
+    """Print the JSON Schema of one model, or of all of them."""
+    name = ctx.args.name
+    if name is None:
+        document: dict[str, Any] = {
+            model_name: model.model_json_schema(by_alias=True)
+            for model_name, model in SCHEMA_MODELS.items()
+        }
+    else:
+        matches = [m for m in SCHEMA_MODELS if m.lower() == name.lower()]
+        if not matches:
+            raise NpuManagerError(f"unknown schema {name!r}; available: {', '.join(SCHEMA_MODELS)}")
+        document = SCHEMA_MODELS[matches[0]].model_json_schema(by_alias=True)
+    json.dump(document, ctx.out, indent=2)
+    ctx.out.write("\n")
+    return 0
+
+
+def cmd_config(ctx: _Context) -> int:
+    """Print the effective configuration and where each value came from."""
+    loaded = ctx.loaded
+    rows = loaded.rows()
+    if ctx.args.json:
+        document = {
+            "file": str(loaded.path),
+            "file_found": loaded.file_found,
+            "settings": {
+                key: {"value": list(v) if isinstance(v, tuple) else v, "source": source}
+                for key, v, source in rows
+            },
+        }
+        json.dump(document, ctx.out, indent=2)
+        ctx.out.write("\n")
+        return 0
+    state = "" if loaded.file_found else " (not found; defaults apply)"
+    print(f"config file: {loaded.path}{state}", file=ctx.out)
+    body = [[key, _show(value), source] for key, value, source in rows]
+    print(_table(body, ["KEY", "VALUE", "SOURCE"]), file=ctx.out)
+    return 0
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(value) or "(empty)"
+    if value is None:
+        return "(unset)"
+    return json.dumps(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Arbitrate a neural accelerator between the apps that want it.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="PATH",
+        help="configuration file (default: $NPUMANAGER_CONFIG or the per-user config.toml)",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(
+        name: str, handler: Callable[[_Context], int], help_text: str
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    add("demo", cmd_demo, "run the demonstration (for now: list the installed building blocks)")
+    plugins = add("plugins", cmd_plugins, "list installed drivers, policies and sinks")
+    plugins.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    schema = add("schema", cmd_schema, "print the JSON Schema of the HAL and API models")
+    schema.add_argument(
+        "name", nargs="?", metavar="NAME", help=f"one of: {', '.join(SCHEMA_MODELS)} (default: all)"
+    )
+    config = add("config", cmd_config, "print the effective configuration and its sources")
+    config.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """Run the command line; returns the exit code."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    args = build_parser().parse_args(argv)
+    ctx = _Context(args, out, err)
+    try:
+        code: int = args.handler(ctx)
+    except NpuManagerError as exc:
+        print(f"{PROG}: error: {exc}", file=err)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        return 0
+    return code
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

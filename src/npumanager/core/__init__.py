@@ -1,0 +1,1 @@
+"""The core: hook specifications, plugin discovery, configuration."""

@@ -1,0 +1,63 @@
+"""Every hook npu-manager calls, with what it is given and what it must return.
+
+A plugin implements any of these as plain functions marked with `npumanager.hookimpl`
+and is found through the `npumanager` entry-point group. Registration hooks run once,
+at discovery; nothing here is called per event, so the hot path never pays for pluggy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import pluggy
+
+from npumanager.schemas import DriverRecord, PolicyRecord, SinkRecord
+
+if TYPE_CHECKING:
+    from npumanager.core.config import Config
+
+PROJECT_NAME = "npumanager"
+"""The pluggy project name, the hook prefix and the entry-point group, all one name."""
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def npumanager_register_drivers() -> Iterable[DriverRecord] | DriverRecord | None:
+    """Return the vendor drivers this plugin provides.
+
+    Each `DriverRecord` names the driver, lists the optional capabilities it claims
+    (the conformance suite tests exactly those) and gives a factory that builds a driver
+    object. Plain dicts with the same keys are accepted and validated.
+
+    A record that fails validation, or whose name another plugin already took, is
+    reported as a warning naming this plugin's distribution, and dropped.
+    """
+
+
+@hookspec
+def npumanager_register_policies() -> Iterable[PolicyRecord] | PolicyRecord | None:
+    """Return the model-loading policies this plugin provides.
+
+    A `PolicyRecord` may carry `params_model`, a pydantic model that validates the
+    parameters given to `set_policy`; the factory is called with the validated model.
+    """
+
+
+@hookspec
+def npumanager_register_sinks() -> Iterable[SinkRecord] | SinkRecord | None:
+    """Return the telemetry sinks this plugin provides.
+
+    A sink's factory builds an object whose `handle(batch)` receives events in batches.
+    """
+
+
+@hookspec
+def npumanager_configure(config: Config) -> None:
+    """Called once per plugin with the effective configuration, after its registrations.
+
+    Use it to read the plugin's own settings. Raising here reports the plugin as broken
+    and drops what it registered.
+    """

@@ -1,0 +1,1 @@
+"""Built-in policies and telemetry sinks, registered through entry points like any plugin."""

@@ -1,0 +1,36 @@
+"""Every numeric limit and default of the system, defined once."""
+
+from __future__ import annotations
+
+from typing import Final
+
+INT32_MIN: Final = -(2**31)
+INT32_MAX: Final = 2**31 - 1
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
+
+MIN_PRIORITY: Final = 0
+"""The HAL's most important priority: lower numbers run first."""
+MAX_PRIORITY: Final = 1000
+"""The HAL's least important app or job priority."""
+MAX_EFFECTIVE_PRIORITY: Final = MAX_PRIORITY + MAX_PRIORITY
+"""An effective priority is an app priority plus a job priority, so at most 2000."""
+
+DEBOUNCE_DURATION_MS: Final = 50
+"""The platform's default debounce window for scheduling callbacks."""
+
+ROOT_UID: Final = 0
+SYSTEM_UID: Final = 1000
+PINNED_PRIORITY: Final = 100
+"""System and root uids are pinned at this priority, whatever their importance."""
+UNKNOWN_UID_PRIORITY: Final = 1000
+"""A uid the service knows nothing about gets the least important app priority."""
+
+DEFAULT_BUDGET_WEIGHTS: Final = (1, 2, 4)
+"""Budget policy weight of each size class, smallest class first."""
+DEFAULT_MAX_BUDGET: Final = 4
+"""Budget policy total that the weights of admitted loads may not exceed."""
+
+MAX_PLUGIN_NAME_LENGTH: Final = 64
+PLUGIN_NAME_PATTERN: Final = r"^[a-z][a-z0-9_-]*$"
+"""Names of drivers, policies and sinks: lower case, digits, '-' and '_'."""

@@ -1,0 +1,1 @@
+"""Vendor drivers that ship with npu-manager."""

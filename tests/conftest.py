@@ -1,0 +1,200 @@
+"""Shared fixtures: real throwaway plugin distributions, installed into temp folders."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Each throwaway distribution: (distribution name, entry-point name, module source).
+PLUGIN_SOURCES: dict[str, tuple[str, str, str]] = {
+    "good": (
+        "npu-good-plugin",
+        "goodnpu",
+        """
+        from npumanager import hookimpl, DriverRecord, PolicyRecord, SinkRecord
+
+        class GoodDriver:
+            def __init__(self, **options):
+                self.options = options
+
+        @hookimpl
+        def npumanager_register_drivers():
+            return [DriverRecord(name="good", factory=GoodDriver,
+                                 capabilities={"virtual_time", "preemption"},
+                                 description="a throwaway driver")]
+
+        @hookimpl
+        def npumanager_register_policies():
+            return {"name": "fair", "factory": dict, "version": "9.9"}
+
+        @hookimpl
+        def npumanager_register_sinks():
+            yield SinkRecord(name="counter", factory=list)
+
+        CONFIGURED = []
+
+        @hookimpl
+        def npumanager_configure(config):
+            CONFIGURED.append(config)
+        """,
+    ),
+    "broken": (
+        "npu-broken-import",
+        "brokennpu",
+        """
+        raise RuntimeError("this plugin cannot be imported")
+        """,
+    ),
+    "invalid": (
+        "npu-invalid-record",
+        "invalidnpu",
+        """
+        from npumanager import hookimpl, SinkRecord
+
+        @hookimpl
+        def npumanager_register_drivers():
+            return [
+                {"name": "Bad Name!", "factory": object},
+                {"name": "okay", "factory": object, "capabilities": ["teleportation"]},
+                {"name": "fine", "factory": object},
+            ]
+
+        @hookimpl
+        def npumanager_register_sinks():
+            return 42
+        """,
+    ),
+    "duplicate": (
+        "npu-duplicate-name",
+        "dupnpu",
+        """
+        from npumanager import hookimpl, SinkRecord
+
+        @hookimpl
+        def npumanager_register_sinks():
+            return [SinkRecord(name="memory", factory=list), SinkRecord(name="extra", factory=list)]
+        """,
+    ),
+    "raising": (
+        "npu-raising-hook",
+        "raisingnpu",
+        """
+        from npumanager import hookimpl, SinkRecord
+
+        @hookimpl
+        def npumanager_register_sinks():
+            return [SinkRecord(name="never-seen", factory=list)]
+
+        @hookimpl
+        def npumanager_register_drivers():
+            raise ValueError("driver registry on fire")
+        """,
+    ),
+}
+
+
+def _write_distribution(root: Path, key: str) -> Path:
+    dist, entry_point, source = PLUGIN_SOURCES[key]
+    module = dist.replace("-", "_")
+    project = root / "src" / dist
+    project.mkdir(parents=True)
+    (project / f"{module}.py").write_text(textwrap.dedent(source))
+    (project / "pyproject.toml").write_text(
+        textwrap.dedent(
+            f"""
+            [build-system]
+            requires = ["setuptools"]
+            build-backend = "setuptools.build_meta"
+
+            [project]
+            name = "{dist}"
+            version = "1.2.3"
+
+            [project.entry-points.npumanager]
+            {entry_point} = "{module}"
+
+            [tool.setuptools]
+            py-modules = ["{module}"]
+            """
+        )
+    )
+    return project
+
+
+class InstalledPlugins:
+    """Folders, each holding a set of really installed throwaway distributions."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._sites: dict[frozenset[str], Path] = {}
+        self._projects: dict[str, Path] = {}
+
+    def site(self, *keys: str) -> Path:
+        """A folder where exactly these distributions are installed (pip --target)."""
+        wanted = frozenset(keys)
+        if wanted not in self._sites:
+            for key in wanted - self._projects.keys():
+                self._projects[key] = _write_distribution(self.root / key, key)
+            target = self.root / ("site-" + "-".join(sorted(wanted)))
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--no-deps",
+                    "--no-build-isolation",
+                    "--no-index",
+                    "--target",
+                    str(target),
+                    *(str(self._projects[k]) for k in sorted(wanted)),
+                ],
+                check=True,
+                capture_output=True,
+            )
+            self._sites[wanted] = target
+        return self._sites[wanted]
+
+
+@pytest.fixture(scope="session")
+def installed_plugins(tmp_path_factory: pytest.TempPathFactory) -> InstalledPlugins:
+    """Build and install throwaway plugin distributions once per session."""
+    return InstalledPlugins(tmp_path_factory.mktemp("plugins"))
+
+
+@pytest.fixture
+def plugin_site(
+    installed_plugins: InstalledPlugins, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[object]:
+    """Call with distribution keys to put just those on sys.path for this test."""
+
+    def use(*keys: str) -> Path:
+        site = installed_plugins.site(*keys)
+        monkeypatch.syspath_prepend(str(site))
+        return site
+
+    yield use
+    for name in list(sys.modules):
+        if name.startswith("npu_") and name.endswith(
+            ("_plugin", "_import", "_record", "_name", "_hook")
+        ):
+            del sys.modules[name]
+
+
+@pytest.fixture(autouse=True)
+def _clean_plugin_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No test sees the developer's own config file or plugin variables."""
+    for var in (
+        "NPUMANAGER_STRICT_PLUGINS",
+        "NPUMANAGER_DISABLE_PLUGINS",
+        "NPUMANAGER_LOAD_PLUGINS",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    monkeypatch.delenv("NPUMANAGER_CONFIG", raising=False)
