@@ -21,3 +21,27 @@ class UnknownPluginError(NpuManagerError, LookupError):
 
 class PluginWarning(UserWarning):
     """A broken plugin was skipped; the message names its distribution."""
+
+
+class IllegalArgumentError(NpuManagerError, ValueError):
+    """A HAL call got an argument the HAL forbids (the platform's ILLEGAL_ARGUMENT)."""
+
+
+class CapacityError(NpuManagerError, ValueError):
+    """A model does not fit in what the device has left; nothing was loaded."""
+
+
+class UnknownDeviceError(NpuManagerError, LookupError):
+    """A device number the driver does not have."""
+
+
+class UnknownModelError(NpuManagerError, LookupError):
+    """A model handle that is not loaded (never was, or already unloaded)."""
+
+
+class UnknownWorkError(NpuManagerError, LookupError):
+    """A work id that is not live: never submitted, or already ended."""
+
+
+class DriverClosedError(NpuManagerError, RuntimeError):
+    """The driver was closed; it accepts no more calls."""

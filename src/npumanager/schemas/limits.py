@@ -34,3 +34,14 @@ DEFAULT_MAX_BUDGET: Final = 4
 MAX_PLUGIN_NAME_LENGTH: Final = 64
 PLUGIN_NAME_PATTERN: Final = r"^[a-z][a-z0-9_-]*$"
 """Names of drivers, policies and sinks: lower case, digits, '-' and '_'."""
+
+MAX_DEVICES: Final = 16
+"""Devices one simulated driver may hold."""
+MAX_CHANNELS: Final = 64
+"""Execution channels one simulated device may have."""
+DEFAULT_MAX_LIVE_WORK: Final = 1 << 16
+"""Queued plus running work a simulated driver holds before new work fails."""
+DEFAULT_MAX_MODELS: Final = 1024
+"""Models a simulated driver holds loaded at once."""
+DEFAULT_EVENT_RING: Final = 1 << 16
+"""Raw events a simulated driver buffers before the reader must drain."""

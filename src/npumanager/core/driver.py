@@ -1,0 +1,181 @@
+"""What every driver shares: the scheduling HAL surface and event delivery.
+
+`DriverBase` validates and stores scheduling configs (whole set or per uid, nothing
+applied if any is bad), holds the one callback, and pushes a driver's raw events
+through the debouncer to it. A driver subclass only applies configs to its device
+(`_apply_configs`) and hands over raw events in batches (`_emit`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import ValidationError
+
+from npumanager.core.debounce import Debouncer
+from npumanager.core.events import EventKind, WorkEvent, to_work_infos
+from npumanager.errors import IllegalArgumentError
+from npumanager.schemas import EndReason, SchedulingConfig, StartReason, WorkInfo
+from npumanager.schemas.limits import DEBOUNCE_DURATION_MS
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class SchedulingCallback(Protocol):
+    """`ISchedulingCallback` in Python spelling: one method per lifecycle event."""
+
+    def on_work_requested(self, info: WorkInfo) -> None:
+        """The driver queued the work."""
+
+    def on_work_started(self, info: WorkInfo, reason: StartReason) -> None:
+        """The work began (INITIAL) or resumed after a pause (RESUMED)."""
+
+    def on_work_ended(self, info: WorkInfo, reason: EndReason) -> None:
+        """The work stopped: completed, cancelled, failed or paused."""
+
+
+@runtime_checkable
+class BatchCallback(Protocol):
+    """A callback that takes the light records in batches (the service's fast path)."""
+
+    def on_work_events(self, events: Sequence[WorkEvent]) -> None:
+        """A batch of debounced events, in order."""
+
+
+def validate_configs(
+    configs: Iterable[SchedulingConfig | Mapping[str, Any]],
+) -> list[SchedulingConfig]:
+    """Each item as a `SchedulingConfig`; a bad one or a repeated uid is an illegal argument."""
+    valid: list[SchedulingConfig] = []
+    seen: dict[int, int] = {}
+    for index, item in enumerate(configs):
+        if isinstance(item, SchedulingConfig):
+            config = item
+        else:
+            try:
+                config = SchedulingConfig.model_validate(item)
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors()
+                )
+                raise IllegalArgumentError(f"configs[{index}]: {problems}") from None
+        if config.uid in seen:
+            raise IllegalArgumentError(
+                f"configs[{seen[config.uid]}] and configs[{index}] are both for uid "
+                f"{config.uid}; one config per uid is allowed"
+            )
+        seen[config.uid] = index
+        valid.append(config)
+    return valid
+
+
+class DriverBase:
+    """The HAL half of a driver: configs, the callback, debounced delivery."""
+
+    def __init__(self) -> None:
+        self._configs: dict[int, SchedulingConfig] = {}
+        self._callback: SchedulingCallback | BatchCallback | None = None
+        self._debouncer = Debouncer(DEBOUNCE_DURATION_MS)
+        self.callback_errors = 0
+        """Exceptions raised by the callback, logged and isolated."""
+
+    # The scheduling HAL ------------------------------------------------------------
+
+    def set_scheduling_configs(
+        self, configs: Iterable[SchedulingConfig | Mapping[str, Any]]
+    ) -> None:
+        """Replace the whole set of configs; an empty set clears it."""
+        valid = validate_configs(configs)
+        new = {config.uid: config for config in valid}
+        self._apply_configs(new)
+        self._configs = new
+
+    def update_scheduling_configs(
+        self, configs: Iterable[SchedulingConfig | Mapping[str, Any]]
+    ) -> None:
+        """Insert or replace the config of each uid given; others stay."""
+        valid = validate_configs(configs)
+        new = {**self._configs, **{config.uid: config for config in valid}}
+        self._apply_configs(new)
+        self._configs = new
+
+    @property
+    def scheduling_configs(self) -> dict[int, SchedulingConfig]:
+        """The configs in force, by uid (a copy)."""
+        return dict(self._configs)
+
+    def set_callback(
+        self,
+        callback: SchedulingCallback | BatchCallback | None,
+        debounce_duration_ms: int = DEBOUNCE_DURATION_MS,
+    ) -> None:
+        """Hold `callback` (or none); events reach it debounced over the window (0: raw).
+
+        Events held for the previous callback are delivered to it first.
+        """
+        if isinstance(debounce_duration_ms, bool) or not isinstance(debounce_duration_ms, int):
+            raise IllegalArgumentError(
+                f"debounce_duration_ms must be an int >= 0; got {debounce_duration_ms!r}"
+            )
+        if debounce_duration_ms < 0:
+            raise IllegalArgumentError(
+                f"debounce_duration_ms must be >= 0; got {debounce_duration_ms}"
+            )
+        if callback is not None and not isinstance(callback, SchedulingCallback | BatchCallback):
+            raise IllegalArgumentError(
+                "callback must have on_work_requested/on_work_started/on_work_ended "
+                f"or on_work_events; got {type(callback).__name__}"
+            )
+        self._dispatch(self._debouncer.flush_all())
+        self._callback = callback
+        self._debouncer = Debouncer(debounce_duration_ms)
+
+    @property
+    def debounce_duration_ms(self) -> int:
+        """The window of the current callback registration."""
+        return self._debouncer.window_ms
+
+    # For subclasses ----------------------------------------------------------------
+
+    def _apply_configs(self, configs: Mapping[int, SchedulingConfig]) -> None:
+        """Make `configs` (the complete new set, by uid) the ones the device schedules by."""
+        raise NotImplementedError
+
+    @property
+    def has_callback(self) -> bool:
+        """True while a callback is registered."""
+        return self._callback is not None
+
+    def _emit(self, events: Sequence[WorkEvent], now_us: int) -> None:
+        """Deliver raw events, then any held ones that are due by `now_us`."""
+        out = self._debouncer.feed(events)
+        out.extend(self._debouncer.flush_due(now_us))
+        self._dispatch(out)
+
+    def _next_debounce_due_us(self) -> int | None:
+        return self._debouncer.next_due_us()
+
+    def _dispatch(self, events: Sequence[WorkEvent]) -> None:
+        callback = self._callback
+        if not events or callback is None:
+            return
+        if isinstance(callback, BatchCallback):
+            self._guarded(callback.on_work_events, events)
+            return
+        for event, info in zip(events, to_work_infos(events), strict=True):
+            if event.kind == EventKind.REQUESTED:
+                self._guarded(callback.on_work_requested, info)
+            elif event.kind == EventKind.STARTED:
+                self._guarded(callback.on_work_started, info, StartReason(event.reason))
+            else:
+                self._guarded(callback.on_work_ended, info, EndReason(event.reason))
+
+    def _guarded(self, method: Any, *args: Any) -> None:
+        try:
+            method(*args)
+        except Exception:
+            self.callback_errors += 1
+            log.exception("scheduling callback %r raised; the driver carries on", method)

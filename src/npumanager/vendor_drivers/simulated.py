@@ -1,0 +1,381 @@
+"""The Python face shared by the two simulated drivers, `vnpu` (C) and `reference` (Python).
+
+It checks every argument once, here, so both engines see only valid calls and raise the
+same errors; it keeps the driver clock and moves events from the engine to the callback
+(through the debouncer) or, with no callback registered, keeps them for `take_events`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from npumanager.core.driver import DriverBase
+from npumanager.core.events import WorkEvent
+from npumanager.errors import DriverClosedError, IllegalArgumentError, UnknownDeviceError
+from npumanager.schemas import EndReason, NpuUuid, SchedulingConfig
+from npumanager.schemas.device import DeviceDescription, DeviceSpec, DeviceStatus
+from npumanager.schemas.limits import (
+    DEFAULT_MAX_LIVE_WORK,
+    DEFAULT_MAX_MODELS,
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    MAX_DEVICES,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+)
+
+GroupId = NpuUuid | uuid.UUID | bytes | str
+
+
+def check_int(name: str, value: Any, low: int, high: int) -> int:
+    """`value` if it is an int within low..high, else an `IllegalArgumentError` naming it."""
+    if type(value) is not int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise IllegalArgumentError(f"{name} must be an int; got {value!r}")
+        value = int(value)
+    number: int = value
+    if not low <= number <= high:
+        raise IllegalArgumentError(f"{name} must be within {low}..{high}; got {number}")
+    return number
+
+
+def group_bytes(group_id: GroupId | None) -> bytes | None:
+    """A group id in any accepted form, as its 16 bytes."""
+    if group_id is None:
+        return None
+    if isinstance(group_id, NpuUuid):
+        return group_id.value
+    if isinstance(group_id, uuid.UUID):
+        return group_id.bytes
+    if isinstance(group_id, bytes) and len(group_id) == 16:
+        return group_id
+    if isinstance(group_id, str):
+        try:
+            return uuid.UUID(group_id).bytes
+        except ValueError:
+            pass
+    raise IllegalArgumentError(
+        f"group_id must be an NpuUuid, a uuid.UUID, 16 bytes or a UUID string; got {group_id!r}"
+    )
+
+
+def device_specs(devices: int | Sequence[DeviceSpec | Mapping[str, Any]]) -> list[DeviceSpec]:
+    """The validated spec of each device; an int asks for that many default devices."""
+    if isinstance(devices, int):
+        count = check_int("devices", devices, 1, MAX_DEVICES)
+        return [DeviceSpec() for _ in range(count)]
+    specs = [d if isinstance(d, DeviceSpec) else DeviceSpec.model_validate(d) for d in devices]
+    check_int("number of devices", len(specs), 1, MAX_DEVICES)
+    return specs
+
+
+class Engine(ABC):
+    """What a simulation engine does; the face has checked every argument already."""
+
+    @abstractmethod
+    def configure(self, configs: Mapping[int, SchedulingConfig]) -> None: ...
+
+    @abstractmethod
+    def load_model(self, device: int, weight_bytes: int, sram_bytes: int) -> int: ...
+
+    @abstractmethod
+    def unload_model(self, model: int) -> None: ...
+
+    @abstractmethod
+    def submit(
+        self,
+        model: int,
+        uid: int,
+        original_uid: int,
+        job_priority: int,
+        cost_cycles: int,
+        group_id: bytes | None,
+        feature_id: str | None,
+        debug_pid: int,
+    ) -> int: ...
+
+    @abstractmethod
+    def add_periodic(
+        self,
+        model: int,
+        uid: int,
+        original_uid: int,
+        job_priority: int,
+        cost_cycles: int,
+        period_us: int,
+        start_us: int,
+        count: int,
+        burst: int,
+        group_id: bytes | None,
+        feature_id: str | None,
+        debug_pid: int,
+    ) -> None: ...
+
+    @abstractmethod
+    def end_work(self, work_id: int, reason: EndReason) -> None: ...
+
+    @abstractmethod
+    def add_heat(self, device: int, millicelsius: int) -> None: ...
+
+    @abstractmethod
+    def advance_to(self, target_us: int) -> None: ...
+
+    @abstractmethod
+    def now_us(self) -> int: ...
+
+    @abstractmethod
+    def next_event_us(self) -> int: ...
+
+    @abstractmethod
+    def idle(self) -> bool: ...
+
+    @abstractmethod
+    def take_events(self) -> list[WorkEvent]: ...
+
+    @abstractmethod
+    def status(self, device: int) -> DeviceStatus: ...
+
+    def close(self) -> None:  # noqa: B027 - engines without resources need no close
+        """Release what the engine holds."""
+
+
+class SimulatedDriver(DriverBase):
+    """A driver over a simulated device engine, in virtual time."""
+
+    engine: Engine
+
+    def __init__(
+        self,
+        devices: int | Sequence[DeviceSpec | Mapping[str, Any]] = 1,
+        *,
+        max_live_work: int = DEFAULT_MAX_LIVE_WORK,
+        max_models: int = DEFAULT_MAX_MODELS,
+    ) -> None:
+        super().__init__()
+        self.specs = device_specs(devices)
+        self.max_live_work = check_int("max_live_work", max_live_work, 1, 1 << 24)
+        self.max_models = check_int("max_models", max_models, 1, 1 << 20)
+        self._retained: list[WorkEvent] = []
+        self._closed = False
+        self.engine = self._make_engine()
+
+    @abstractmethod
+    def _make_engine(self) -> Engine:
+        """The engine this driver runs on."""
+
+    # Description ------------------------------------------------------------------
+
+    @property
+    def device_count(self) -> int:
+        """How many devices, numbered 0..device_count-1."""
+        return len(self.specs)
+
+    def describe_devices(self) -> list[DeviceDescription]:
+        """What each device offers."""
+        return [
+            DeviceDescription(
+                number=n,
+                channels=s.channels,
+                weight_memory_bytes=s.weight_memory_bytes,
+                sram_bytes=s.sram_bytes,
+                clock_mhz=s.clock_mhz,
+            )
+            for n, s in enumerate(self.specs)
+        ]
+
+    def device_state(self, device: int = 0) -> DeviceStatus:
+        """A reading of one device now."""
+        self._open()
+        return self.engine.status(self._device(device))
+
+    @property
+    def now_us(self) -> int:
+        """The driver clock, in microseconds of device time."""
+        return self.engine.now_us()
+
+    # The HAL ------------------------------------------------------------------------
+
+    def _apply_configs(self, configs: Mapping[int, SchedulingConfig]) -> None:
+        self._open()
+        self.engine.configure(configs)
+
+    # Execution ----------------------------------------------------------------------
+
+    def load_model(self, device: int = 0, *, weight_bytes: int, sram_bytes: int = 0) -> int:
+        """Account a model's weights on a device and return its handle.
+
+        A model that does not fit raises `CapacityError` and nothing is loaded.
+        """
+        self._open()
+        device = self._device(device)
+        weight = check_int("weight_bytes", weight_bytes, 0, INT64_MAX)
+        sram = check_int("sram_bytes", sram_bytes, 0, INT64_MAX)
+        return self.engine.load_model(device, weight, sram)
+
+    def unload_model(self, model: int) -> None:
+        """Free a model; its queued and running work ends CANCELLED_SYSTEM."""
+        self._open()
+        self.engine.unload_model(check_int("model", model, 0, INT32_MAX))
+
+    def submit(
+        self,
+        model: int,
+        *,
+        uid: int,
+        cost_cycles: int,
+        job_priority: int = MIN_PRIORITY,
+        original_uid: int | None = None,
+        group_id: GroupId | None = None,
+        feature_id: str | None = None,
+        debug_pid: int = 0,
+    ) -> int:
+        """Queue one job of `cost_cycles` on the model's device; returns its work id."""
+        self._open()
+        uid = check_int("uid", uid, 0, INT32_MAX)
+        original = (
+            uid if original_uid is None else check_int("original_uid", original_uid, 0, INT32_MAX)
+        )
+        return self.engine.submit(
+            check_int("model", model, 0, INT32_MAX),
+            uid,
+            original,
+            check_int("job_priority", job_priority, MIN_PRIORITY, MAX_PRIORITY),
+            check_int("cost_cycles", cost_cycles, 1, INT64_MAX // 100),
+            group_bytes(group_id),
+            self._feature(feature_id),
+            check_int("debug_pid", debug_pid, INT32_MIN, INT32_MAX),
+        )
+
+    def add_periodic(
+        self,
+        model: int,
+        *,
+        uid: int,
+        cost_cycles: int,
+        period_us: int,
+        count: int,
+        start_us: int | None = None,
+        burst: int = 1,
+        job_priority: int = MIN_PRIORITY,
+        original_uid: int | None = None,
+        group_id: GroupId | None = None,
+        feature_id: str | None = None,
+        debug_pid: int = 0,
+    ) -> None:
+        """Arrivals generated inside the device: `burst` jobs every `period_us`, `count` times."""
+        self._open()
+        uid = check_int("uid", uid, 0, INT32_MAX)
+        original = (
+            uid if original_uid is None else check_int("original_uid", original_uid, 0, INT32_MAX)
+        )
+        now = self.now_us
+        start = now if start_us is None else check_int("start_us", start_us, now, INT64_MAX // 4)
+        self.engine.add_periodic(
+            check_int("model", model, 0, INT32_MAX),
+            uid,
+            original,
+            check_int("job_priority", job_priority, MIN_PRIORITY, MAX_PRIORITY),
+            check_int("cost_cycles", cost_cycles, 1, INT64_MAX // 100),
+            check_int("period_us", period_us, 1, INT64_MAX // 4),
+            start,
+            check_int("count", count, 1, INT32_MAX),
+            check_int("burst", burst, 1, 1 << 16),
+            group_bytes(group_id),
+            self._feature(feature_id),
+            check_int("debug_pid", debug_pid, INT32_MIN, INT32_MAX),
+        )
+
+    def cancel(self, work_id: int) -> None:
+        """The client cancels live work: it ends CANCELLED_USER now."""
+        self._open()
+        self.engine.end_work(check_int("work_id", work_id, 0, INT32_MAX), EndReason.CANCELLED_USER)
+
+    def inject_fault(self, work_id: int) -> None:
+        """Make live work fail now (ENDED FAILED), as an execution error would."""
+        self._open()
+        self.engine.end_work(check_int("work_id", work_id, 0, INT32_MAX), EndReason.FAILED)
+
+    def add_heat(self, device: int, millicelsius: int) -> None:
+        """A thermal spike: the device's temperature jumps by `millicelsius` now."""
+        self._open()
+        self.engine.add_heat(
+            self._device(device), check_int("millicelsius", millicelsius, -(10**9), 10**9)
+        )
+
+    # Time -----------------------------------------------------------------------------
+
+    def advance(self, us: int) -> None:
+        """Run the devices for `us` microseconds of device time, then deliver events."""
+        self._open()
+        target = self.now_us + check_int("us", us, 0, INT64_MAX // 4)
+        self.engine.advance_to(target)
+        self.pump()
+
+    def run_until_idle(self, max_us: int | None = None) -> int:
+        """Run until no work is live and no arrival is pending (or `max_us` passed)."""
+        self._open()
+        limit = (
+            None if max_us is None else self.now_us + check_int("max_us", max_us, 0, INT64_MAX // 4)
+        )
+        while not self.engine.idle():
+            target = self.engine.next_event_us()
+            if limit is not None and target > limit:
+                self.engine.advance_to(limit)
+                break
+            self.engine.advance_to(target)
+            self.pump()
+        due = self._next_debounce_due_us()
+        if due is not None and (limit is None or due <= limit):
+            self.engine.advance_to(max(due, self.now_us))
+        self.pump()
+        return self.now_us
+
+    def pump(self) -> None:
+        """Deliver the engine's new events to the callback, or keep them for `take_events`."""
+        events = self.engine.take_events()
+        if self.has_callback:
+            self._emit(events, self.now_us)
+        else:
+            self._retained.extend(events)
+
+    def take_events(self) -> list[WorkEvent]:
+        """Raw events kept while no callback was registered, oldest first; clears them."""
+        self.pump()
+        events, self._retained = self._retained, []
+        return events
+
+    def close(self) -> None:
+        """Stop the driver; later calls raise `DriverClosedError`."""
+        if not self._closed:
+            self._closed = True
+            self.engine.close()
+
+    def __enter__(self) -> SimulatedDriver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # Helpers --------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        if self._closed:
+            raise DriverClosedError("the driver is closed")
+
+    def _device(self, device: int) -> int:
+        device = check_int("device", device, 0, INT32_MAX)
+        if device >= len(self.specs):
+            raise UnknownDeviceError(
+                f"device {device} does not exist; devices are 0..{len(self.specs) - 1}"
+            )
+        return device
+
+    @staticmethod
+    def _feature(feature_id: str | None) -> str | None:
+        if feature_id is not None and not isinstance(feature_id, str):
+            raise IllegalArgumentError(f"feature_id must be a str or None; got {feature_id!r}")
+        return feature_id
