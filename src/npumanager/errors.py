@@ -45,3 +45,23 @@ class UnknownWorkError(NpuManagerError, LookupError):
 
 class DriverClosedError(NpuManagerError, RuntimeError):
     """The driver was closed; it accepts no more calls."""
+
+
+class DuplicateRequestError(NpuManagerError, ValueError):
+    """A client reused the id of one of its requests that is still live."""
+
+
+class UnknownRequestError(NpuManagerError, LookupError):
+    """No live request of this client has that id (never made, ended, or someone else's)."""
+
+
+class RequestStateError(NpuManagerError, ValueError):
+    """A notification that the request's state does not allow, e.g. loaded before granted."""
+
+
+class PolicyParamsError(NpuManagerError, ValueError):
+    """Parameters that the chosen policy does not accept."""
+
+
+class NpuPermissionError(NpuManagerError, PermissionError):
+    """The caller lacks the permission the call needs (the management permission)."""
