@@ -65,3 +65,11 @@ class PolicyParamsError(NpuManagerError, ValueError):
 
 class NpuPermissionError(NpuManagerError, PermissionError):
     """The caller lacks the permission the call needs (the management permission)."""
+
+
+class FeatureNotDeclaredError(NpuPermissionError):
+    """A client that did not declare the NPU feature, on a service that blocks such clients."""
+
+
+class FeatureWarning(UserWarning):
+    """A client used the NPU without declaring the feature (the platform's uses-feature)."""

@@ -45,3 +45,8 @@ DEFAULT_MAX_MODELS: Final = 1024
 """Models a simulated driver holds loaded at once."""
 DEFAULT_EVENT_RING: Final = 1 << 16
 """Raw events a simulated driver buffers before the reader must drain."""
+
+DEFAULT_UNLOAD_GRACE_MS: Final = 5_000
+"""How long a client asked to unload may take before its models are revoked."""
+NPU_FEATURE: Final = "android.hardware.npu"
+"""The feature name a client declares to use the NPU (the platform's uses-feature)."""
