@@ -50,3 +50,14 @@ DEFAULT_UNLOAD_GRACE_MS: Final = 5_000
 """How long a client asked to unload may take before its models are revoked."""
 NPU_FEATURE: Final = "android.hardware.npu"
 """The feature name a client declares to use the NPU (the platform's uses-feature)."""
+
+GIB: Final = 1 << 30
+NOMINAL_MODEL_BYTES: Final = (1 * GIB, 2 * GIB, 4 * GIB)
+"""Bytes the pressure policy counts for a request that gave no size, per size class."""
+DEFAULT_DEVICE_CAPACITY_BYTES: Final = (4 * GIB,)
+"""Weight memory the pressure policy assumes until the driver reports its devices."""
+MEMORY_PRESSURE_NONE: Final = 0
+MEMORY_PRESSURE_MODERATE: Final = 1
+"""Memory pressure level at which opportunistic models are unloaded."""
+MEMORY_PRESSURE_CRITICAL: Final = 2
+"""Memory pressure level at which background-priority models are unloaded too."""
