@@ -18,14 +18,9 @@ from npumanager import __version__
 from npumanager.core.config import LoadedConfig, load_config
 from npumanager.core.plugins import PluginRegistry, Registration, load_plugins
 from npumanager.errors import NpuManagerError, PluginWarning
-from npumanager.schemas import SCHEMA_MODELS, DriverRecord, PluginKind
+from npumanager.schemas import SCHEMA_MODELS, DriverRecord
 
 PROG = "npu-manager"
-_KIND_LABELS = {
-    PluginKind.DRIVER: "drivers",
-    PluginKind.POLICY: "policies",
-    PluginKind.SINK: "sinks",
-}
 EXIT_USAGE = 2
 
 
@@ -112,16 +107,62 @@ def cmd_plugins(ctx: _Context) -> int:
     return 0
 
 
+DEMO_ROWS: list[tuple[str, str]] = [
+    ("camera_frames", "camera frames"),
+    ("camera_deadline_misses", "camera deadline misses"),
+    ("camera_p99_ms", "camera p99 latency (ms)"),
+    ("background_jobs_done", "background jobs done"),
+    ("assistant_jobs_done", "assistant jobs done"),
+    ("indexer_jobs_done", "indexer jobs done"),
+    ("overcommit_events", "over-commit events (LMK)"),
+    ("peak_weight_memory_bytes", "peak weight memory (GiB)"),
+    ("weight_memory_capacity_bytes", "weight memory capacity (GiB)"),
+    ("peak_temperature_c", "peak temperature (C)"),
+    ("throttled_ms", "throttled (ms)"),
+    ("unload_requests", "unload requests"),
+]
+
+
+def _demo_cell(key: str, value: Any) -> str:
+    if key.endswith("_bytes"):
+        return f"{value / (1 << 30):.2f}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k.lower()} {v}" for k, v in value.items()) or "none"
+    return str(value)
+
+
 def cmd_demo(ctx: _Context) -> int:
-    """The main job; until the service lands, show what a service could be built from."""
+    """Play the demo scenario direct and managed, and show the difference."""
+    from npumanager.simulation.runner import run_direct, run_managed
+    from npumanager.simulation.scenario import load_scenario
+
+    path = ctx.args.scenario or _demo_path()
+    scenario = load_scenario(path)
     registry = ctx.registry
-    print(f"npu-manager {__version__}: installed building blocks", file=ctx.out)
-    for kind, label in _KIND_LABELS.items():
-        names = [reg.name for reg in registry.registrations(kind)]
-        print(f"  {label:<9} {', '.join(names) or '(none installed)'}", file=ctx.out)
-    if registry.problems:
-        print(f"  {len(registry.problems)} plugin problem(s) reported above", file=ctx.out)
+    direct = run_direct(scenario, ctx.args.driver, registry).metrics.as_dict()
+    managed = run_managed(scenario, ctx.args.driver, registry).metrics.as_dict()
+    if ctx.args.json:
+        json.dump({"direct": direct, "managed": managed}, ctx.out, indent=2)
+        ctx.out.write("\n")
+        return 0
+    print(f"{scenario.name}: {scenario.description}", file=ctx.out)
+    print(
+        f"{scenario.duration_ms / 1000:g} s of virtual time on {ctx.args.driver}; "
+        f"managed runs the {scenario.policy!r} policy\n",
+        file=ctx.out,
+    )
+    body = [
+        [label, _demo_cell(key, direct[key]), _demo_cell(key, managed[key])]
+        for key, label in DEMO_ROWS
+    ]
+    print(_table(body, ["", "DIRECT", "MANAGED"]), file=ctx.out)
     return 0
+
+
+def _demo_path() -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("npumanager") / "scenarios" / "demo.toml"))
 
 
 def cmd_schema(ctx: _Context) -> int:
@@ -195,7 +236,16 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    add("demo", cmd_demo, "run the demonstration (for now: list the installed building blocks)")
+    demo = add(
+        "demo", cmd_demo, "play the demo scenario without and with the arbiter, side by side"
+    )
+    demo.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    demo.add_argument(
+        "--driver", default="vnpu", help="the simulated driver to run on (default: vnpu)"
+    )
+    demo.add_argument(
+        "--scenario", type=Path, metavar="FILE", help="a scenario file (default: the shipped demo)"
+    )
     plugins = add("plugins", cmd_plugins, "list installed drivers, policies and sinks")
     plugins.add_argument("--json", action="store_true", help="print JSON instead of a table")
     schema = add("schema", cmd_schema, "print the JSON Schema of the HAL and API models")

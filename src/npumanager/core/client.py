@@ -1,0 +1,205 @@
+"""The client API: `NpuManager`, the callback it calls, the listener it hands back.
+
+An app asks before it loads a model: `request_can_load_model(request, callback)`. The
+service answers through the callback, on the app's executor, in order per request:
+`on_can_load_model` (CAN_LOAD_NOW, WAIT_FOR_UNLOAD or NOT_PRIORITIZED, possibly more than
+once), `on_request_unload_model` under pressure, and exactly one
+`on_model_load_request_complete` at the end.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from npumanager.core.dispatch import ExecutorLike
+from npumanager.schemas import (
+    ModelLoadRequest,
+    ModelLoadRequestStatus,
+    ModelLoadStatus,
+    ModelPolicy,
+    UnloadReason,
+)
+
+if TYPE_CHECKING:
+    from npumanager.core.lease import AsyncLease, Lease
+    from npumanager.core.service import Service
+
+
+class ModelLoadRequestCallback:
+    """Override what you need; every method does nothing by default."""
+
+    def on_can_load_model(
+        self, request: ModelLoadRequest, status: ModelLoadStatus, listener: ModelLoadStatusListener
+    ) -> None:
+        """A decision: load now, wait for others to unload, or not now."""
+
+    def on_request_unload_model(
+        self, request: ModelLoadRequest, reason: UnloadReason | None = None
+    ) -> None:
+        """Release the model, then call `listener.notify_model_unloaded(request)`."""
+
+    def on_model_load_request_complete(
+        self, request: ModelLoadRequest, status: ModelLoadRequestStatus
+    ) -> None:
+        """The request is over: CANCELLED (before loading) or COMPLETE (unloaded)."""
+
+
+def takes_reason(callback: object) -> bool:
+    """True if the callback's `on_request_unload_model` accepts a reason argument."""
+    method = getattr(callback, "on_request_unload_model", None)
+    if method is None:
+        return False
+    try:
+        signature = inspect.signature(method)
+    except (TypeError, ValueError):
+        return True
+    params = list(signature.parameters.values())
+    if any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params):
+        return True
+    return len(params) >= 2
+
+
+def check_callback(callback: object) -> None:
+    """A `TypeError` naming what is missing, unless `callback` has the three methods."""
+    missing = [
+        name
+        for name in (
+            "on_can_load_model",
+            "on_request_unload_model",
+            "on_model_load_request_complete",
+        )
+        if not callable(getattr(callback, name, None))
+    ]
+    if missing:
+        raise TypeError(
+            f"callback must implement {', '.join(missing)} "
+            "(subclass npumanager.ModelLoadRequestCallback)"
+        )
+
+
+class ModelLoadStatusListener:
+    """The token handed with a decision: report loaded and unloaded through it."""
+
+    def __init__(self, manager: NpuManager) -> None:
+        self._manager = manager
+
+    def notify_model_loaded(self, request: ModelLoadRequest) -> None:
+        """The model is fully in driver memory."""
+        self._manager._service._notify_loaded(self._manager, request)
+
+    def notify_model_unloaded(self, request: ModelLoadRequest) -> None:
+        """The model is out of driver memory; the request completes."""
+        self._manager._service._notify_unloaded(self._manager, request)
+
+
+POLICY_NAMES: dict[ModelPolicy, str] = {
+    ModelPolicy.STATUS_QUO: "status_quo",
+    ModelPolicy.TURN_TAKING: "turn_taking",
+    ModelPolicy.BUDGET: "budget",
+}
+"""The platform's policy constants by the plugin name that implements each."""
+
+
+class NpuManager:
+    """One client of the service, bound to a uid (and a pid, for the record)."""
+
+    def __init__(
+        self, service: Service, client: int, uid: int, pid: int | None, uses_feature: bool
+    ) -> None:
+        self._service = service
+        self.client = client
+        self.uid = uid
+        self.pid = pid
+        self.uses_feature = uses_feature
+        self.listener = ModelLoadStatusListener(self)
+
+    def __repr__(self) -> str:
+        return f"NpuManager(uid={self.uid}, pid={self.pid}, client={self.client})"
+
+    def request_can_load_model(
+        self,
+        request: ModelLoadRequest,
+        callback: ModelLoadRequestCallback,
+        executor: ExecutorLike | None = None,
+        *,
+        weight_bytes: int | None = None,
+    ) -> None:
+        """Ask whether the model of `request` may be loaded; the answer comes to `callback`.
+
+        `weight_bytes`, if known, lets capacity-aware policies count real bytes.
+        """
+        self._service._request(self, request, callback, executor, weight_bytes)
+
+    def cancel_model_load(self, request: ModelLoadRequest) -> None:
+        """Withdraw a live request of this client; it completes (CANCELLED or COMPLETE)."""
+        self._service._cancel(self, request)
+
+    def set_policy(
+        self, policy: str | ModelPolicy | int, params: Mapping[str, Any] | None = None
+    ) -> None:
+        """Swap the model-loading policy; needs the management permission."""
+        self._service._set_policy_as(self, policy, params)
+
+    def declare_feature(self) -> None:
+        """Declare use of the NPU feature (the platform's `uses-feature`)."""
+        self.uses_feature = True
+
+    def load_model(
+        self, request: ModelLoadRequest, *, weight_bytes: int, sram_bytes: int = 0
+    ) -> LoadedModel:
+        """Put a granted request's model into driver memory, on the device it was given."""
+        return self._service._load_model(self, request, weight_bytes, sram_bytes)
+
+    def reserve(
+        self,
+        request: ModelLoadRequest,
+        *,
+        timeout_s: float | None = None,
+        weight_bytes: int | None = None,
+    ) -> Lease:
+        """A context manager that waits for CAN_LOAD_NOW and reports unloaded on exit."""
+        from npumanager.core.lease import Lease
+
+        return Lease(self, request, timeout_s=timeout_s, weight_bytes=weight_bytes)
+
+    def reserve_async(
+        self,
+        request: ModelLoadRequest,
+        *,
+        timeout_s: float | None = None,
+        weight_bytes: int | None = None,
+    ) -> AsyncLease:
+        """The same as `reserve`, for `async with`."""
+        from npumanager.core.lease import AsyncLease
+
+        return AsyncLease(self, request, timeout_s=timeout_s, weight_bytes=weight_bytes)
+
+
+class LoadedModel:
+    """A model in driver memory under a granted request; submit work to it."""
+
+    def __init__(self, manager: NpuManager, request: ModelLoadRequest, handle: int, device: int):
+        self.manager = manager
+        self.request = request
+        self.handle = handle
+        self.device = device
+
+    def submit(
+        self,
+        cost_cycles: int,
+        *,
+        job_priority: int = 0,
+        original_uid: int | None = None,
+        group_id: Any = None,
+        feature_id: str | None = None,
+    ) -> int:
+        """Run one job of `cost_cycles` on the model; returns the work id."""
+        return self.manager._service._submit(
+            self, cost_cycles, job_priority, original_uid, group_id, feature_id
+        )
+
+    def cancel(self, work_id: int) -> None:
+        """Cancel one of this model's jobs (it ends CANCELLED_USER)."""
+        self.manager._service._cancel_work(self, work_id)

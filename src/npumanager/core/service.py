@@ -1,0 +1,625 @@
+"""The `npu` service: the arbiter's decisions carried out against a driver.
+
+One driver, one model-loading policy (a plugin), the clients' callbacks. Every input
+goes to the pure `Arbiter`; the actions it returns are performed here: configs are
+relayed to the driver, models revoked, callbacks delivered on each client's executor.
+Driver events come back in batches and feed the policy's bookkeeping and the listeners.
+
+In virtual time (`clock="virtual"`) nothing moves until `advance` or `run_until_idle`;
+callbacks run inline unless a client gives an executor. In real time a service thread
+waits on the driver's event descriptor and on the arbiter's deadlines, and callbacks run
+on a dispatcher thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from npumanager.core.actions import (
+    Action,
+    CanLoad,
+    Complete,
+    RelayConfigs,
+    RequestKey,
+    RequestState,
+    RequestUnload,
+    Revoke,
+)
+from npumanager.core.arbiter import Arbiter
+from npumanager.core.client import (
+    POLICY_NAMES,
+    LoadedModel,
+    ModelLoadRequestCallback,
+    NpuManager,
+    check_callback,
+    takes_reason,
+)
+from npumanager.core.dispatch import (
+    DeliveryStats,
+    ExecutorLike,
+    SerialQueue,
+    check_executor,
+    run_inline,
+)
+from npumanager.core.driver import DriverBase
+from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.plugins import PluginRegistry, load_plugins
+from npumanager.errors import (
+    DuplicateRequestError,
+    FeatureNotDeclaredError,
+    FeatureWarning,
+    IllegalArgumentError,
+    NpuPermissionError,
+    PolicyParamsError,
+    RequestStateError,
+    UnknownModelError,
+    UnknownRequestError,
+)
+from npumanager.schemas import (
+    DriverCapability,
+    EndReason,
+    ModelLoadRequest,
+    ModelPolicy,
+    ThermalSeverity,
+)
+from npumanager.schemas.limits import (
+    DEFAULT_UNLOAD_GRACE_MS,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    ROOT_UID,
+    SYSTEM_UID,
+)
+from npumanager.vendor_drivers.simulated import check_int
+
+log = logging.getLogger(__name__)
+
+Clock = Literal["real", "virtual"]
+EventListener = Callable[[Sequence[WorkEvent]], None]
+_VIRTUAL_STEP_US = 1000
+"""In virtual time the service looks at device health and deadlines every millisecond."""
+
+
+@dataclass
+class _Context:
+    """What the service keeps for one live request."""
+
+    manager: NpuManager
+    request: ModelLoadRequest
+    callback: ModelLoadRequestCallback
+    queue: SerialQueue
+    with_reason: bool
+    device: int | None = None
+    models: list[LoadedModel] = field(default_factory=list)
+
+
+class Service:
+    """The arbiter service: policy decisions, driver, callbacks."""
+
+    def __init__(
+        self,
+        driver: str | DriverBase = "vnpu",
+        policy: str | ModelPolicy | int = "status_quo",
+        *,
+        policy_params: Mapping[str, Any] | None = None,
+        clock: Clock = "real",
+        devices: Any = 1,
+        driver_options: Mapping[str, Any] | None = None,
+        unload_grace_ms: int = DEFAULT_UNLOAD_GRACE_MS,
+        feature_mode: Literal["warn", "block"] = "warn",
+        attribution_uids: Iterable[int] = (),
+        management_uids: Iterable[int] = (),
+        registry: PluginRegistry | None = None,
+    ) -> None:
+        if clock not in ("real", "virtual"):
+            raise IllegalArgumentError(f"clock must be 'real' or 'virtual'; got {clock!r}")
+        if feature_mode not in ("warn", "block"):
+            raise IllegalArgumentError(
+                f"feature_mode must be 'warn' or 'block'; got {feature_mode!r}"
+            )
+        self.clock: Clock = clock
+        self.feature_mode = feature_mode
+        self.registry = registry or load_plugins()
+        self.management_uids = frozenset({ROOT_UID, SYSTEM_UID, *management_uids})
+        self.attribution_uids = frozenset(attribution_uids)
+        self._lock = threading.RLock()
+        self._stats = DeliveryStats()
+        self._contexts: dict[RequestKey, _Context] = {}
+        self._listeners: list[EventListener] = []
+        self._next_client = 1
+        self._warned_clients: set[int] = set()
+        self._severity: dict[int, ThermalSeverity] = {}
+        self._completed: dict[int, None] = {}
+        self._pending: list[Action] = []
+        self._pending_tasks: list[tuple[SerialQueue, Callable[[], None]]] = []
+        self._closed = False
+        self.policy_name, policy_object = self._make_policy(policy, policy_params)
+        self.driver = self._make_driver(driver, devices, dict(driver_options or {}))
+        self.arbiter = Arbiter(
+            policy_object,
+            unload_grace_ms=check_int("unload_grace_ms", unload_grace_ms, 0, 1 << 40),
+            attribution_uids=self.attribution_uids,
+        )
+        self.arbiter.set_capacity([d.weight_memory_bytes for d in self.driver.describe_devices()])
+        self.driver.set_callback(_DriverEvents(self), debounce_duration_ms=0)
+        self._dispatcher: ThreadPoolExecutor | None = None
+        self._default_executor: ExecutorLike = run_inline
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        with self._lock:
+            self._perform(self.arbiter.connect_driver())
+            self._sample_devices()
+        if clock == "real":
+            self._dispatcher = ThreadPoolExecutor(1, thread_name_prefix="npu-dispatch")
+            self._default_executor = self._dispatcher
+            self._thread = threading.Thread(target=self._serve, name="npu-service", daemon=True)
+            self._thread.start()
+
+    # Construction ---------------------------------------------------------------------
+
+    def _make_driver(self, driver: str | DriverBase, devices: Any, options: dict[str, Any]) -> Any:
+        if isinstance(driver, DriverBase):
+            return driver
+        record = self.registry.driver(driver)
+        needed = (
+            DriverCapability.REAL_TIME if self.clock == "real" else DriverCapability.VIRTUAL_TIME
+        )
+        if needed not in record.capabilities:
+            claimed = ", ".join(sorted(record.capabilities)) or "none"
+            raise IllegalArgumentError(
+                f"driver {driver!r} cannot run a {self.clock} clock (it claims: {claimed})"
+            )
+        if DriverCapability.REAL_TIME in record.capabilities:
+            options.setdefault("clock", self.clock)
+        return record.factory(devices, **options)
+
+    def _make_policy(
+        self, policy: str | ModelPolicy | int, params: Mapping[str, Any] | None
+    ) -> tuple[str, Any]:
+        name = policy_name(policy)
+        record = self.registry.policy(name)
+        model = record.params_model
+        if model is None:
+            if params:
+                raise PolicyParamsError(f"policy {name!r} takes no parameters; got {dict(params)}")
+            return name, record.factory(None)
+        try:
+            validated: BaseModel = model.model_validate(dict(params or {}))
+        except ValidationError as exc:
+            detail = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'params'}: {e['msg']}" for e in exc.errors()
+            )
+            raise PolicyParamsError(f"bad parameters for policy {name!r}: {detail}") from None
+        return name, record.factory(validated)
+
+    # Clients ----------------------------------------------------------------------------
+
+    def manager(
+        self, uid: int, *, pid: int | None = None, uses_feature: bool = False
+    ) -> NpuManager:
+        """An `NpuManager` for an app with this uid living in this process."""
+        uid = check_int("uid", uid, 0, (1 << 31) - 1)
+        with self._lock:
+            client = self._next_client
+            self._next_client += 1
+        return NpuManager(self, client, uid, pid, uses_feature)
+
+    def set_uid_importance(self, uid: int, importance: int) -> None:
+        """Tell the service how important a uid's process is now (as the activity manager would)."""
+        uid = check_int("uid", uid, 0, (1 << 31) - 1)
+        importance = check_int("importance", int(importance), MIN_PRIORITY, MAX_PRIORITY)
+        self._act(lambda now: self.arbiter.set_importance(now, uid, importance))
+
+    def set_policy(
+        self, policy: str | ModelPolicy | int, params: Mapping[str, Any] | None = None
+    ) -> None:
+        """Swap the model-loading policy (the service owner's call: no permission check)."""
+        name, policy_object = self._make_policy(policy, params)
+        with self._lock:
+            self.policy_name = name
+        self._act(lambda now: self.arbiter.set_policy(now, policy_object))
+
+    def client_died(self, manager: NpuManager) -> None:
+        """A client went away: its requests end and its share is freed."""
+        self._act(lambda now: self.arbiter.client_died(now, manager.client))
+
+    def add_listener(self, listener: EventListener) -> None:
+        """Receive every raw work event, in batches, as the driver reports them."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    @property
+    def now_ms(self) -> int:
+        """The service clock, in milliseconds."""
+        if self.clock == "virtual":
+            return int(self.driver.now_us) // 1000
+        return time.monotonic_ns() // 1_000_000
+
+    @property
+    def callback_errors(self) -> int:
+        """Client callbacks that raised (logged, isolated)."""
+        return self._stats.failed
+
+    def state_of(self, manager: NpuManager, request: ModelLoadRequest) -> RequestState:
+        """Where a live request stands (`UnknownRequestError` if it is not live)."""
+        return self.arbiter.state_of(manager.client, request.id)
+
+    # The request flow, called through NpuManager ------------------------------------------
+
+    def _request(
+        self,
+        manager: NpuManager,
+        request: ModelLoadRequest,
+        callback: ModelLoadRequestCallback,
+        executor: ExecutorLike | None,
+        weight_bytes: int | None,
+    ) -> None:
+        if not isinstance(request, ModelLoadRequest):
+            raise TypeError(f"request must be a ModelLoadRequest; got {type(request).__name__}")
+        check_callback(callback)
+        executor = check_executor(executor)
+        if weight_bytes is not None:
+            weight_bytes = check_int("weight_bytes", weight_bytes, 0, 1 << 62)
+        self._check_feature(manager)
+        key = RequestKey(manager.client, request.id)
+        queue = SerialQueue(executor or self._default_executor, self._stats)
+        context = _Context(manager, request, callback, queue, takes_reason(callback))
+        with self._lock:
+            self._open()
+            if key in self._contexts:
+                raise DuplicateRequestError(
+                    f"request id {request.id} is already live for this client; ids may be "
+                    "reused only after the request completes"
+                )
+            self._contexts[key] = context
+            try:
+                actions = self.arbiter.request(
+                    self.now_ms, manager.client, manager.uid, request, weight_bytes=weight_bytes
+                )
+            except Exception:
+                del self._contexts[key]
+                raise
+            self._perform(actions)
+        self._flush()
+
+    def _cancel(self, manager: NpuManager, request: ModelLoadRequest) -> None:
+        self._act(lambda now: self.arbiter.cancel(now, manager.client, request.id))
+
+    def _notify_loaded(self, manager: NpuManager, request: ModelLoadRequest) -> None:
+        self._act(lambda now: self.arbiter.notify_loaded(now, manager.client, request.id))
+
+    def _notify_unloaded(self, manager: NpuManager, request: ModelLoadRequest) -> None:
+        def step(now: int) -> list[Action]:
+            actions = self.arbiter.notify_unloaded(now, manager.client, request.id)
+            self._unload_models(RequestKey(manager.client, request.id))
+            return actions
+
+        self._act(step)
+
+    def _set_policy_as(
+        self, manager: NpuManager, policy: str | ModelPolicy | int, params: Mapping[str, Any] | None
+    ) -> None:
+        if manager.uid not in self.management_uids:
+            raise NpuPermissionError(
+                f"uid {manager.uid} may not set the policy: it needs the management "
+                "permission (root, the system uid, or a configured management uid)"
+            )
+        self.set_policy(policy, params)
+
+    def _load_model(
+        self, manager: NpuManager, request: ModelLoadRequest, weight_bytes: int, sram_bytes: int
+    ) -> LoadedModel:
+        key = RequestKey(manager.client, request.id)
+        with self._lock:
+            context = self._contexts.get(key)
+            if context is None or context.request != request:
+                raise UnknownRequestError(
+                    f"request {request.id} is not a live request of this client"
+                )
+            state = self.arbiter.state_of(manager.client, request.id)
+            if state not in (RequestState.GRANTED, RequestState.LOADED):
+                raise RequestStateError(
+                    f"request {request.id} is {state}; a model may be loaded only after "
+                    "CAN_LOAD_NOW"
+                )
+            device = context.device or 0
+            handle = self.driver.load_model(
+                device, weight_bytes=weight_bytes, sram_bytes=sram_bytes
+            )
+            model = LoadedModel(manager, request, handle, device)
+            context.models.append(model)
+            return model
+
+    def _submit(
+        self,
+        model: LoadedModel,
+        cost_cycles: int,
+        job_priority: int,
+        original_uid: int | None,
+        group_id: Any,
+        feature_id: str | None,
+    ) -> int:
+        manager = model.manager
+        if (
+            original_uid is not None
+            and original_uid != manager.uid
+            and manager.uid not in self.attribution_uids
+        ):
+            raise NpuPermissionError(
+                f"uid {manager.uid} may not attribute work to uid {original_uid}"
+            )
+        with self._lock:
+            self._check_model(model)
+            return int(
+                self.driver.submit(
+                    model.handle,
+                    uid=manager.uid,
+                    cost_cycles=cost_cycles,
+                    job_priority=job_priority,
+                    original_uid=original_uid,
+                    group_id=group_id,
+                    feature_id=feature_id,
+                    debug_pid=manager.pid or 0,
+                )
+            )
+
+    def _cancel_work(self, model: LoadedModel, work_id: int) -> None:
+        with self._lock:
+            self._check_model(model)
+            self.driver.cancel(work_id)
+
+    def _check_model(self, model: LoadedModel) -> None:
+        context = self._contexts.get(RequestKey(model.manager.client, model.request.id))
+        if context is None or model not in context.models:
+            raise UnknownModelError(
+                f"model {model.handle} is no longer loaded (its request ended or it was revoked)"
+            )
+
+    def _check_feature(self, manager: NpuManager) -> None:
+        if manager.uses_feature:
+            return
+        if self.feature_mode == "block":
+            raise FeatureNotDeclaredError(
+                f"uid {manager.uid} did not declare the NPU feature; call "
+                "declare_feature() or pass uses_feature=True"
+            )
+        if manager.client not in self._warned_clients:
+            self._warned_clients.add(manager.client)
+            warnings.warn(
+                f"uid {manager.uid} uses the NPU without declaring the feature",
+                FeatureWarning,
+                stacklevel=4,
+            )
+
+    # Performing decisions ---------------------------------------------------------------
+
+    def _act(self, step: Callable[[int], list[Action]]) -> None:
+        with self._lock:
+            self._open()
+            self._perform(step(self.now_ms))
+        self._flush()
+
+    def _perform(self, actions: Iterable[Action]) -> None:
+        """Carry out driver-side actions now and queue deliveries (lock held)."""
+        for action in actions:
+            if isinstance(action, RelayConfigs):
+                if action.replace_all:
+                    self.driver.set_scheduling_configs(action.configs)
+                else:
+                    self.driver.update_scheduling_configs(action.configs)
+                continue
+            context = self._contexts.get(action.key)
+            if context is None:
+                log.warning("action for a request the service does not know: %r", action)
+                continue
+            if isinstance(action, CanLoad):
+                if action.device is not None:
+                    context.device = action.device
+                self._deliver(context, _can_load(context, action))
+            elif isinstance(action, RequestUnload):
+                self._deliver(context, _unload_request(context, action))
+            elif isinstance(action, Revoke):
+                self._unload_models(action.key)
+            elif isinstance(action, Complete):
+                self._unload_models(action.key)
+                del self._contexts[action.key]
+                self._deliver(context, _complete(context, action))
+
+    def _deliver(self, context: _Context, task: Callable[[], None]) -> None:
+        self._pending_tasks.append((context.queue, task))
+
+    def _flush(self) -> None:
+        """Hand queued deliveries to their executors, outside the lock."""
+        while True:
+            with self._lock:
+                tasks, self._pending_tasks = self._pending_tasks, []
+            if not tasks:
+                return
+            for queue, task in tasks:
+                queue.put(task)
+
+    def _unload_models(self, key: RequestKey) -> None:
+        context = self._contexts.get(key)
+        if context is None:
+            return
+        for model in context.models:
+            self.driver.unload_model(model.handle)
+        context.models.clear()
+
+    # Driver events and time -------------------------------------------------------------
+
+    def _on_work_events(self, events: Sequence[WorkEvent]) -> None:
+        for listener in self._listeners:
+            try:
+                listener(events)
+            except Exception:
+                log.exception("event listener %r raised", listener)
+        for event in events:
+            if event.kind == EventKind.ENDED and event.reason == EndReason.COMPLETED:
+                self._completed[event.original_uid] = None
+        if self._completed:
+            now = self.now_ms
+            uids, self._completed = list(self._completed), {}
+            for uid in uids:
+                self._pending.extend(self.arbiter.work_ended(now, uid, EndReason.COMPLETED))
+
+    def _sample_devices(self) -> None:
+        now = self.now_ms
+        for device in range(self.driver.device_count):
+            severity = self.driver.device_state(device).severity
+            if self._severity.get(device, ThermalSeverity.NONE) != severity:
+                self._severity[device] = severity
+                self._perform(self.arbiter.set_thermal(now, device, severity))
+
+    def _after_driver_step(self) -> None:
+        pending, self._pending = self._pending, []
+        self._perform(pending)
+        self._sample_devices()
+        self._perform(self.arbiter.tick(self.now_ms))
+
+    def set_memory_pressure(self, level: int) -> None:
+        """Signal memory pressure: 0 none, 1 moderate, 2 critical."""
+        level = check_int("level", level, 0, 2)
+        self._act(lambda now: self.arbiter.set_memory_pressure(now, level))
+
+    def add_heat(self, device: int, millicelsius: int) -> None:
+        """A thermal spike on a simulated device (the driver must support it)."""
+        with self._lock:
+            self._open()
+            self.driver.add_heat(device, millicelsius)
+            self._after_driver_step()
+        self._flush()
+
+    def advance(self, ms: int) -> None:
+        """Virtual time: run the driver and the policy forward by `ms` milliseconds."""
+        self._virtual_only("advance")
+        target_us = (self.now_ms + check_int("ms", ms, 0, 1 << 40)) * 1000
+        while True:
+            with self._lock:
+                self._open()
+                now_us = int(self.driver.now_us)
+                if now_us >= target_us:
+                    break
+                step = min(target_us, (now_us // _VIRTUAL_STEP_US + 1) * _VIRTUAL_STEP_US)
+                self.driver.advance(step - now_us)
+                self._after_driver_step()
+            self._flush()
+        self._flush()
+
+    def run_until_idle(self, max_ms: int = 60_000) -> None:
+        """Virtual time: advance until the driver is idle and no decision is due."""
+        self._virtual_only("run_until_idle")
+        deadline = self.now_ms + check_int("max_ms", max_ms, 0, 1 << 40)
+        while self.now_ms < deadline:
+            engine = getattr(self.driver, "engine", None)
+            busy = engine is not None and not engine.idle()
+            due = self.arbiter.next_deadline_ms()
+            if not busy and due is None:
+                break
+            self.advance(1)
+
+    def _virtual_only(self, what: str) -> None:
+        if self.clock != "virtual":
+            raise IllegalArgumentError(
+                f"{what}() needs a virtual clock; this service runs in real time"
+            )
+
+    def _serve(self) -> None:
+        fileno = getattr(self.driver, "fileno", None)
+        fd = fileno() if callable(fileno) else None
+        while not self._stop.is_set():
+            due = self.arbiter.next_deadline_ms()
+            timeout = 0.05 if due is None else max(0.0, min(0.05, (due - self.now_ms) / 1000))
+            if fd is not None:
+                select.select([fd], [], [], timeout)
+            else:
+                self._stop.wait(timeout)
+            with self._lock:
+                if self._closed:
+                    return
+                self.driver.pump()
+                self._after_driver_step()
+            self._flush()
+
+    # Closing ----------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        if self._closed:
+            raise IllegalArgumentError("the service is closed")
+
+    def close(self) -> None:
+        """End every live request (its client gets the completion), stop, close the driver."""
+        with self._lock:
+            if self._closed:
+                return
+            clients = sorted({key.client for key in self._contexts})
+            for client in clients:
+                self._perform(self.arbiter.client_died(self.now_ms, client))
+            self._closed = True
+        self._flush()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._dispatcher is not None:
+            self._dispatcher.shutdown(wait=True)
+        self.driver.close()
+
+    def __enter__(self) -> Service:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def policy_name(policy: str | ModelPolicy | int) -> str:
+    """The plugin name for a policy given by name or by the platform's constant."""
+    if isinstance(policy, str):
+        return policy.replace("-", "_")
+    try:
+        return POLICY_NAMES[ModelPolicy(policy)]
+    except ValueError:
+        allowed = ", ".join(f"{p.name}={p.value}" for p in ModelPolicy)
+        raise PolicyParamsError(f"unknown policy {policy!r}; allowed: {allowed}") from None
+
+
+class _DriverEvents:
+    """The service's batch callback on the driver (raw events, no debounce)."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+
+    def on_work_events(self, events: Sequence[WorkEvent]) -> None:
+        self._service._on_work_events(events)
+
+
+def _can_load(context: _Context, action: CanLoad) -> Callable[[], None]:
+    def task() -> None:
+        context.callback.on_can_load_model(context.request, action.status, context.manager.listener)
+
+    return task
+
+
+def _unload_request(context: _Context, action: RequestUnload) -> Callable[[], None]:
+    def task() -> None:
+        if context.with_reason:
+            context.callback.on_request_unload_model(context.request, action.reason)
+        else:
+            context.callback.on_request_unload_model(context.request)
+
+    return task
+
+
+def _complete(context: _Context, action: Complete) -> Callable[[], None]:
+    def task() -> None:
+        context.callback.on_model_load_request_complete(context.request, action.status)
+
+    return task

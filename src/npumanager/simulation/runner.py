@@ -1,0 +1,388 @@
+"""Play a scenario twice: *direct* (every app loads and submits straight to the driver, as
+before the NPU manager) and *managed* (through the service and its policy).
+
+Both runs step virtual time a millisecond at a time and measure the same things: camera
+frames and deadline misses, background throughput, loads that would not fit (each would
+wake the low-memory killer), memory and temperature peaks, throttled time, unload requests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.plugins import PluginRegistry, load_plugins
+from npumanager.errors import CapacityError
+from npumanager.schemas import (
+    EndReason,
+    ModelLoadRequest,
+    ModelLoadRequestStatus,
+    ModelLoadStatus,
+    UnloadReason,
+)
+from npumanager.simulation.scenario import App, Scenario
+
+MS_US = 1000
+
+
+@dataclass
+class RunMetrics:
+    """What one run measured; the demo prints these side by side."""
+
+    camera_frames: int = 0
+    camera_deadline_misses: int = 0
+    camera_p99_ms: float = 0.0
+    background_jobs_done: int = 0
+    assistant_jobs_done: int = 0
+    indexer_jobs_done: int = 0
+    overcommit_events: int = 0
+    peak_weight_memory_bytes: int = 0
+    weight_memory_capacity_bytes: int = 0
+    peak_temperature_c: float = 0.0
+    throttled_ms: float = 0.0
+    unload_requests: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return dict(self.__dict__)
+
+
+@dataclass
+class Sample:
+    """Device health at one millisecond."""
+
+    t_ms: int
+    temperature_mc: int
+    weight_memory_used_bytes: int
+    severity: int
+
+
+@dataclass
+class RunResult:
+    """A run's metrics, its raw event log and its health timeline."""
+
+    mode: str
+    metrics: RunMetrics
+    events: list[WorkEvent]
+    samples: list[Sample]
+    unloads: list[tuple[int, str, str]]
+    """(time ms, app, reason) of every unload request."""
+
+
+class _AppRun:
+    """One app's life in a run: its model, its jobs, its numbers."""
+
+    def __init__(self, app: App, clock_mhz: int) -> None:
+        self.app = app
+        self.cycles = app.work.cost_us * clock_mhz
+        self.loaded = False
+        self.wants_at: int | None = app.start_ms
+        self.in_flight: dict[int, int] = {}
+        self.latencies_ms: list[float] = []
+        self.misses = 0
+        self.frames = 0
+        self.done = 0
+        self.submit: Callable[[], int] | None = None
+
+    def due(self, t: int) -> bool:
+        work = self.app.work
+        if work.kind == "loop" or t < self.app.start_ms:
+            return False
+        return (t - self.app.start_ms) % work.period_ms == 0
+
+    def arrive(self, t: int) -> None:
+        """Jobs that arrive now (a frame, a burst); a frame with no model is a miss."""
+        count = self.app.work.burst
+        if self.app.role == "camera":
+            self.frames += count
+        if not self.loaded or self.submit is None:
+            if self.app.role == "camera":
+                self.misses += count
+            return
+        for _ in range(count):
+            self.in_flight[self.submit()] = t
+
+    def start_streams(self, t: int) -> None:
+        """A loop app keeps `burst` jobs in flight from the moment its model is in."""
+        if self.app.work.kind == "loop" and self.submit is not None:
+            for _ in range(self.app.work.burst - len(self.in_flight)):
+                self.in_flight[self.submit()] = t
+
+    def ended(self, event: WorkEvent, t: int) -> None:
+        arrived = self.in_flight.pop(event.id, None)
+        if arrived is None:
+            return
+        latency = (event.time_us - arrived * MS_US) / MS_US
+        deadline = self.app.work.deadline_ms
+        if event.reason == EndReason.COMPLETED:
+            self.done += 1
+            self.latencies_ms.append(latency)
+            if deadline is not None and latency > deadline:
+                self.misses += 1
+        elif deadline is not None:
+            self.misses += 1
+        if self.app.work.kind == "loop" and self.loaded and self.submit is not None:
+            self.in_flight[self.submit()] = t
+
+
+class _Collector:
+    """Batch callback and listener that keeps every raw event."""
+
+    def __init__(self) -> None:
+        self.events: list[WorkEvent] = []
+        self.new: list[WorkEvent] = []
+
+    def on_work_events(self, events: Sequence[WorkEvent]) -> None:
+        self.events.extend(events)
+        self.new.extend(events)
+
+    def take(self) -> list[WorkEvent]:
+        new, self.new = self.new, []
+        return new
+
+
+def _p99(values: list[float]) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def _finish(
+    mode: str,
+    runs: list[_AppRun],
+    collector: _Collector,
+    samples: list[Sample],
+    unloads: list[tuple[int, str, str]],
+    capacity: int,
+    overcommits: int,
+    throttled_us: int,
+) -> RunResult:
+    by_role: dict[str, list[_AppRun]] = {}
+    for run in runs:
+        by_role.setdefault(run.app.role, []).append(run)
+    camera = by_role.get("camera", [])
+    metrics = RunMetrics(
+        camera_frames=sum(r.frames for r in camera),
+        camera_deadline_misses=sum(r.misses for r in camera),
+        camera_p99_ms=round(_p99([x for r in camera for x in r.latencies_ms]), 3),
+        background_jobs_done=sum(r.done for r in by_role.get("background", [])),
+        assistant_jobs_done=sum(r.done for r in by_role.get("assistant", [])),
+        indexer_jobs_done=sum(r.done for r in by_role.get("indexer", [])),
+        overcommit_events=overcommits,
+        peak_weight_memory_bytes=max((s.weight_memory_used_bytes for s in samples), default=0),
+        weight_memory_capacity_bytes=capacity,
+        peak_temperature_c=round(max((s.temperature_mc for s in samples), default=0) / 1000, 2),
+        throttled_ms=round(throttled_us / 1000, 1),
+        unload_requests=dict(sorted(Counter(reason for _, _, reason in unloads).items())),
+    )
+    return RunResult(mode, metrics, collector.events, samples, unloads)
+
+
+def run_direct(
+    scenario: Scenario, driver: str = "vnpu", registry: PluginRegistry | None = None
+) -> RunResult:
+    """Every app loads and submits straight to the driver; nobody arbitrates."""
+    registry = registry or load_plugins()
+    npu = registry.driver(driver).factory(list(scenario.devices))
+    collector = _Collector()
+    npu.set_callback(collector, debounce_duration_ms=0)
+    clock = scenario.devices[0].clock_mhz
+    runs = [_AppRun(app, clock) for app in scenario.apps]
+    samples: list[Sample] = []
+    overcommits = 0
+    for t in range(scenario.duration_ms):
+        for event in scenario.events:
+            if event.at_ms == t and event.kind == "heat":
+                npu.add_heat(event.device, event.millicelsius)
+        for run in runs:
+            if not run.loaded and run.wants_at is not None and t >= run.wants_at:
+                try:
+                    handle = npu.load_model(0, weight_bytes=run.app.model_bytes)
+                except CapacityError:
+                    overcommits += 1
+                    run.wants_at = t + run.app.retry_ms
+                else:
+                    run.loaded, run.wants_at = True, None
+                    run.submit = _direct_submit(npu, handle, run)
+                    run.start_streams(t)
+            if run.due(t):
+                run.arrive(t)
+        npu.advance(MS_US)
+        for work_event in collector.take():
+            _route(runs, work_event, t)
+        samples.append(_sample(npu, t))
+    state = npu.device_state(0)
+    result = _finish(
+        "direct",
+        runs,
+        collector,
+        samples,
+        [],
+        state.weight_memory_bytes,
+        overcommits,
+        state.throttled_us,
+    )
+    npu.close()
+    return result
+
+
+def _direct_submit(npu: Any, handle: int, run: _AppRun) -> Callable[[], int]:
+    def submit() -> int:
+        return int(
+            npu.submit(
+                handle,
+                uid=run.app.uid,
+                cost_cycles=run.cycles,
+                job_priority=run.app.work.job_priority,
+                feature_id=run.app.name,
+            )
+        )
+
+    return submit
+
+
+def _route(runs: list[_AppRun], event: WorkEvent, t: int) -> None:
+    if event.kind != EventKind.ENDED or event.reason == EndReason.PAUSED:
+        return
+    for run in runs:
+        if event.uid == run.app.uid:
+            run.ended(event, t)
+            return
+
+
+def _sample(npu: Any, t: int) -> Sample:
+    state = npu.device_state(0)
+    return Sample(t, state.temperature_mc, state.weight_memory_used_bytes, int(state.severity))
+
+
+class _ManagedApp:
+    """A well-behaved client: loads when told, unloads when asked, asks again later."""
+
+    def __init__(
+        self,
+        run: _AppRun,
+        manager: Any,
+        unloads: list[tuple[int, str, str]],
+        now: Callable[[], int],
+    ) -> None:
+        self.run = run
+        self.manager = manager
+        self.unloads = unloads
+        self.now = now
+        self.request: ModelLoadRequest | None = None
+        self.next_id = 1
+        self.model: Any = None
+
+    def ask(self) -> None:
+        app = self.run.app
+        self.request = (
+            ModelLoadRequest.Builder(self.next_id)
+            .set_size(app.size_class)
+            .set_priority(app.priority)
+            .build()
+        )
+        self.next_id += 1
+        self.run.wants_at = None
+        self.manager.request_can_load_model(self.request, self, weight_bytes=app.model_bytes)
+
+    def on_can_load_model(
+        self, request: ModelLoadRequest, status: ModelLoadStatus, listener: Any
+    ) -> None:
+        if status != ModelLoadStatus.CAN_LOAD_NOW or self.run.loaded:
+            return
+        self.model = self.manager.load_model(request, weight_bytes=self.run.app.model_bytes)
+        listener.notify_model_loaded(request)
+        self.run.loaded = True
+        self.run.submit = lambda: int(
+            self.model.submit(
+                self.run.cycles,
+                job_priority=self.run.app.work.job_priority,
+                feature_id=self.run.app.name,
+            )
+        )
+        self.run.start_streams(self.now())
+
+    def on_request_unload_model(
+        self, request: ModelLoadRequest, reason: UnloadReason | None = None
+    ) -> None:
+        label = reason.name if reason is not None else "UNSPECIFIED"
+        self.unloads.append((self.now(), self.run.app.name, label))
+        self.run.loaded = False
+        self.run.submit = None
+        self.manager.listener.notify_model_unloaded(request)
+
+    def on_model_load_request_complete(
+        self, request: ModelLoadRequest, status: ModelLoadRequestStatus
+    ) -> None:
+        self.run.loaded = False
+        self.run.submit = None
+        self.run.in_flight.clear()
+        if request == self.request:
+            self.request = None
+            self.run.wants_at = self.now() + self.run.app.retry_ms
+
+
+def run_managed(
+    scenario: Scenario, driver: str = "vnpu", registry: PluginRegistry | None = None
+) -> RunResult:
+    """The same apps as clients of the service, under the scenario's policy."""
+    from npumanager.core.service import Service
+
+    registry = registry or load_plugins()
+    service = Service(
+        driver,
+        scenario.policy,
+        policy_params=scenario.policy_params or None,
+        clock="virtual",
+        devices=list(scenario.devices),
+        registry=registry,
+    )
+    collector = _Collector()
+    service.add_listener(collector.on_work_events)
+    clock = scenario.devices[0].clock_mhz
+    unloads: list[tuple[int, str, str]] = []
+    runs = [_AppRun(app, clock) for app in scenario.apps]
+    apps = []
+    for run in runs:
+        service.set_uid_importance(run.app.uid, run.app.importance)
+        manager = service.manager(run.app.uid, uses_feature=True)
+        apps.append(_ManagedApp(run, manager, unloads, lambda: service.now_ms))
+    samples: list[Sample] = []
+    for t in range(scenario.duration_ms):
+        for event in scenario.events:
+            if event.at_ms != t:
+                continue
+            if event.kind == "heat":
+                service.add_heat(event.device, event.millicelsius)
+            elif event.kind == "memory_pressure":
+                service.set_memory_pressure(event.level)
+            elif event.importance is not None and event.app is not None:
+                service.set_uid_importance(scenario.app(event.app).uid, event.importance)
+        for client in apps:
+            run = client.run
+            if client.request is None and run.wants_at is not None and t >= run.wants_at:
+                client.ask()
+            if run.due(t):
+                run.arrive(t)
+        service.advance(1)
+        for work_event in collector.take():
+            _route(runs, work_event, t)
+        samples.append(_sample(service.driver, t))
+    state = service.driver.device_state(0)
+    result = _finish(
+        "managed",
+        runs,
+        collector,
+        samples,
+        unloads,
+        state.weight_memory_bytes,
+        0,
+        state.throttled_us,
+    )
+    service.close()
+    return result

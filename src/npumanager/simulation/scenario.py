@@ -1,0 +1,172 @@
+"""The scenario file: devices, apps, their models and work, and timed events, validated.
+
+A scenario is TOML. Times are in milliseconds of virtual time, costs in microseconds of
+compute at the device's full clock, sizes in bytes. Names of enums are the platform's
+(`FOREGROUND`, `GREATER_THAN_2G`, `OPPORTUNISTIC`, ...).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from npumanager.errors import ConfigError
+from npumanager.schemas import Importance, ModelPriority, ModelSize
+from npumanager.schemas.device import DeviceSpec
+
+_GIB = 1 << 30
+
+Positive = Annotated[int, Field(gt=0)]
+NonNegative = Annotated[int, Field(ge=0)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+def _enum_by_name(enum: Any, value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return enum[value.upper()]
+        except KeyError:
+            allowed = ", ".join(m.name for m in enum)
+            raise ValueError(f"must be one of {allowed}; got {value!r}") from None
+    return enum(value)
+
+
+class Work(_Model):
+    """How an app uses its model once loaded.
+
+    periodic: one job every `period_ms` (a camera frame); loop: jobs back to back, the next
+    submitted when the last ends; burst: `burst` jobs every `period_ms`.
+    """
+
+    kind: Literal["periodic", "loop", "burst"]
+    cost_us: Positive
+    period_ms: Positive = 1000
+    burst: Positive = 1
+    job_priority: Annotated[int, Field(ge=0, le=1000)] = 0
+    deadline_ms: Positive | None = None
+    """A job that takes longer than this from arrival to completion misses its deadline."""
+
+
+class App(_Model):
+    """One app: who it is, its model, when it starts, what work it runs."""
+
+    name: Annotated[str, Field(min_length=1, max_length=40)]
+    uid: Annotated[int, Field(ge=0, lt=2**31)]
+    importance: Importance = Importance.FOREGROUND
+    model_bytes: Positive
+    size: ModelSize | None = None
+    priority: ModelPriority = ModelPriority.NORMAL
+    start_ms: NonNegative = 0
+    retry_ms: Positive = 250
+    """After a refusal or an unload, how long the app waits before asking again."""
+    work: Work
+    role: Literal["camera", "assistant", "background", "indexer", "other"] = "other"
+    """What the demo's table calls the app; metrics are reported by role."""
+
+    @field_validator("importance", mode="before")
+    @classmethod
+    def _importance(cls, value: Any) -> Any:
+        return _enum_by_name(Importance, value)
+
+    @field_validator("size", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return None if value is None else _enum_by_name(ModelSize, value)
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority(cls, value: Any) -> Any:
+        return _enum_by_name(ModelPriority, value)
+
+    @property
+    def size_class(self) -> ModelSize:
+        """The declared size class, or the one the model's bytes fall in."""
+        if self.size is not None:
+            return self.size
+        if self.model_bytes < _GIB:
+            return ModelSize.LESS_THAN_1GB
+        if self.model_bytes <= 2 * _GIB:
+            return ModelSize.BETWEEN_1GB_AND_2GB
+        return ModelSize.GREATER_THAN_2G
+
+
+class Event(_Model):
+    """Something that happens at a time: an importance change, a thermal spike, memory pressure."""
+
+    at_ms: NonNegative
+    kind: Literal["importance", "heat", "memory_pressure"]
+    app: str | None = None
+    importance: Importance | None = None
+    device: NonNegative = 0
+    millicelsius: int = 0
+    level: Annotated[int, Field(ge=0, le=2)] = 0
+
+    @field_validator("importance", mode="before")
+    @classmethod
+    def _importance(cls, value: Any) -> Any:
+        return None if value is None else _enum_by_name(Importance, value)
+
+    @model_validator(mode="after")
+    def _complete(self) -> Self:
+        if self.kind == "importance" and (self.app is None or self.importance is None):
+            raise ValueError("an importance event needs 'app' and 'importance'")
+        return self
+
+
+class Scenario(_Model):
+    """A whole scenario file."""
+
+    name: str
+    description: str = ""
+    duration_ms: Annotated[int, Field(gt=0, le=3_600_000)]
+    policy: str = "pressure"
+    policy_params: dict[str, Any] = Field(default_factory=dict)
+    devices: list[DeviceSpec] = Field(default_factory=lambda: [DeviceSpec()], min_length=1)
+    apps: list[App] = Field(min_length=1)
+    events: list[Event] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        names = [app.name for app in self.apps]
+        if len(set(names)) != len(names):
+            raise ValueError(f"app names must be unique; got {names}")
+        uids = [app.uid for app in self.apps]
+        if len(set(uids)) != len(uids):
+            raise ValueError(f"app uids must be unique; got {uids}")
+        for event in self.events:
+            if event.app is not None and event.app not in names:
+                raise ValueError(f"event at {event.at_ms} ms names unknown app {event.app!r}")
+            if event.device >= len(self.devices):
+                raise ValueError(f"event at {event.at_ms} ms names unknown device {event.device}")
+        return self
+
+    def app(self, name: str) -> App:
+        """The app of that name."""
+        return next(app for app in self.apps if app.name == name)
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Read and validate a scenario file; a bad one raises `ConfigError` naming file and key."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_scenario(data, str(path))
+
+
+def parse_scenario(data: dict[str, Any], origin: str = "scenario") -> Scenario:
+    """Validate scenario data; errors name the key path and what is allowed."""
+    try:
+        return Scenario.model_validate(data, strict=False)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key = ".".join(str(p) for p in error["loc"]) or "(top level)"
+        raise ConfigError(f"{origin}: {key}: {error['msg']}") from None
