@@ -8,8 +8,16 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from npumanager.core.client import (
+    LoadedModel,
+    ModelLoadRequestCallback,
+    ModelLoadStatusListener,
+    NpuManager,
+)
 from npumanager.core.hookspecs import hookimpl
+from npumanager.core.lease import AsyncLease, Lease, LeaseEndedError
 from npumanager.core.plugins import PluginRegistry, load_plugins
+from npumanager.core.service import Service
 from npumanager.errors import (
     ConfigError,
     NpuManagerError,
@@ -27,7 +35,15 @@ except PackageNotFoundError:  # pragma: no cover - running from a bare source tr
 
 __all__ = [  # noqa: PLE0604
     *_schema_names,
+    "AsyncLease",
     "ConfigError",
+    "Lease",
+    "LeaseEndedError",
+    "LoadedModel",
+    "ModelLoadRequestCallback",
+    "ModelLoadStatusListener",
+    "NpuManager",
+    "Service",
     "NpuManagerError",
     "PluginError",
     "PluginRegistry",
