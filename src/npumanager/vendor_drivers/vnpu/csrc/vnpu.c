@@ -163,6 +163,7 @@ struct vnpu_handle {
     int64_t ev_total;
     int64_t ev_dropped;
     int64_t stalls;
+    int32_t sleeping;
     int space_waiters;
     int efd;
     int efd_armed;
@@ -893,6 +894,7 @@ static void *worker_main(void *p) {
         if (caught_up && now > h->clock_us) h->clock_us = now;
         int64_t deadline = next_event(h, self);
         self->sleep_until = deadline;
+        h->sleeping++;
         if (deadline >= NEVER) {
             pthread_cond_wait(&self->wake, &h->mu);
         } else {
@@ -901,6 +903,7 @@ static void *worker_main(void *p) {
             ts.tv_nsec = (long)(deadline % 1000000) * 1000;
             pthread_cond_timedwait(&self->wake, &h->mu, &ts);
         }
+        h->sleeping--;
         self->sleep_until = INT64_MIN;
     }
     pthread_mutex_unlock(&h->mu);
@@ -1340,6 +1343,7 @@ int vnpu_stats(vnpu_handle *h, vnpu_counters *out) {
     out->dropped_events = h->ev_dropped;
     out->stalls = h->stalls;
     out->next_work_id = h->next_work_id;
+    out->sleeping = h->sleeping;
     return leave_quiet(h, VNPU_OK);
 }
 

@@ -139,6 +139,7 @@ typedef struct {
     int64_t dropped_events;
     int64_t stalls;
     int64_t next_work_id;
+    int64_t sleeping; /* worker threads waiting for their device's next event point */
 } vnpu_counters;
 
 /* Create a handle: `ndevices` specs, pools of `max_live_work` jobs and `max_models`
