@@ -43,12 +43,14 @@ class BudgetParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    weights: tuple[PositiveInt, PositiveInt, PositiveInt] = Field(
-        default=DEFAULT_BUDGET_WEIGHTS,
-        description=(
-            f"{_CLASSES} positive ints, the weight of each size class, smallest class first "
-            f"(default {list(DEFAULT_BUDGET_WEIGHTS)})"
-        ),
+    weights: Annotated[tuple[PositiveInt, ...], Field(min_length=_CLASSES, max_length=_CLASSES)] = (
+        Field(
+            default=DEFAULT_BUDGET_WEIGHTS,
+            description=(
+                f"{_CLASSES} positive ints, the weight of each size class, smallest class first "
+                f"(default {list(DEFAULT_BUDGET_WEIGHTS)})"
+            ),
+        )
     )
     max_budget: PositiveInt = Field(
         default=DEFAULT_MAX_BUDGET,

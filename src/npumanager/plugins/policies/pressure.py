@@ -40,7 +40,13 @@ from npumanager.core.policy import (
     validate_params,
 )
 from npumanager.core.sortedlist import SortedKeys
-from npumanager.schemas import Importance, ModelPriority, ThermalSeverity, UnloadReason
+from npumanager.schemas import (
+    Importance,
+    ModelPriority,
+    ModelSize,
+    ThermalSeverity,
+    UnloadReason,
+)
 from npumanager.schemas.limits import (
     DEFAULT_DEVICE_CAPACITY_BYTES,
     MAX_DEVICES,
@@ -72,7 +78,9 @@ class PressureParams(BaseModel):
             f"the driver reports its own (default {list(DEFAULT_DEVICE_CAPACITY_BYTES)})"
         ),
     )
-    nominal_bytes: tuple[PositiveInt, PositiveInt, PositiveInt] = Field(
+    nominal_bytes: Annotated[
+        tuple[PositiveInt, ...], Field(min_length=len(ModelSize), max_length=len(ModelSize))
+    ] = Field(
         default=NOMINAL_MODEL_BYTES,
         description=(
             "3 positive ints, the bytes counted per size class for a request that gave no "
