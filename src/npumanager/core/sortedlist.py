@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Iterator
-from typing import Any, Generic, Protocol, Self, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 
 class _Ordered(Protocol):
@@ -38,10 +38,6 @@ class SortedKeys(Generic[K]):
     def __iter__(self) -> Iterator[K]:
         for run in self._runs:
             yield from run
-
-    def __reversed__(self) -> Iterator[K]:
-        for run in reversed(self._runs):
-            yield from reversed(run)
 
     def add(self, key: K) -> None:
         """Insert `key`, which must not be present."""
@@ -80,19 +76,3 @@ class SortedKeys(Generic[K]):
                     maxes[i] = run[-1]
                 return
         raise KeyError(key)
-
-    def __contains__(self, key: K) -> bool:
-        i = bisect_left(self._maxes, key)
-        if i == len(self._maxes):
-            return False
-        run = self._runs[i]
-        j = bisect_left(run, key)
-        return not (key < run[j]) and not (run[j] < key)
-
-    def copy(self) -> Self:
-        """An independent copy holding the same keys."""
-        other = type(self)()
-        other._runs = [list(run) for run in self._runs]
-        other._maxes = list(self._maxes)
-        other._len = self._len
-        return other
