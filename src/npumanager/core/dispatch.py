@@ -1,8 +1,9 @@
 """Callback delivery: in order per request, never two at once, on the client's executor.
 
-Each request gets a `SerialQueue`. Deliveries are appended; the first one schedules a
-drain on the request's executor, which runs queued callbacks one after another until the
-queue is empty. A callback that raises is logged and counted; the next one still runs.
+Each request gets a `SerialQueue`. Deliveries are appended in decision order while the
+service holds its lock; a queue with no drain running is then scheduled, outside the lock,
+on the request's executor, and its drain runs queued callbacks one after another until
+the queue is empty. A callback that raises is logged and counted; the next one still runs.
 """
 
 from __future__ import annotations
@@ -61,13 +62,21 @@ class SerialQueue:
         self._pending: deque[Task] = deque()
         self._scheduled = False
 
-    def put(self, task: Task) -> None:
-        """Queue one callback; schedule a drain if none is running."""
+    def put(self, task: Task) -> bool:
+        """Queue one callback; True if the caller must now `schedule()` the queue.
+
+        Call it in the order the callbacks must run (under the service's lock), and
+        `schedule()` afterwards, outside any lock the callbacks may need.
+        """
         with self._lock:
             self._pending.append(task)
             if self._scheduled:
-                return
+                return False
             self._scheduled = True
+            return True
+
+    def schedule(self) -> None:
+        """Hand the drain to the executor."""
         submit_to(self._executor, self._drain)
 
     def _drain(self) -> None:

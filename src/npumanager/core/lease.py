@@ -90,6 +90,7 @@ class _LeaseBase:
         self.weight_bytes = weight_bytes
         self.models: list[LoadedModel] = []
         self._state = _LeaseState()
+        self._stuck = False
 
     @property
     def status(self) -> ModelLoadStatus | None:
@@ -136,6 +137,11 @@ class _LeaseBase:
             )
         self.manager.cancel_model_load(self.request)
         last = self._state.status.name if self._state.status is not None else "none"
+        if self._stuck:
+            raise TimeoutError(
+                f"request {self.request.id} is {last} and nothing in virtual time can grant it "
+                "(no work runs, no decision is due); it was cancelled"
+            )
         raise TimeoutError(
             f"request {self.request.id} was not granted within {self.timeout_s} s "
             f"(last status: {last}); it was cancelled"
@@ -157,6 +163,9 @@ class Lease(_LeaseBase):
         if service.clock == "virtual":
             limit = None if self.timeout_s is None else service.now_ms + int(self.timeout_s * 1000)
             while not self._state.decided and (limit is None or service.now_ms < limit):
+                if service.quiescent():
+                    self._stuck = True
+                    break
                 service.advance(1)
         else:
             deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
@@ -185,6 +194,9 @@ class AsyncLease(_LeaseBase):
         if service.clock == "virtual":
             limit = None if self.timeout_s is None else service.now_ms + int(self.timeout_s * 1000)
             while not self._state.decided and (limit is None or service.now_ms < limit):
+                if service.quiescent():
+                    self._stuck = True
+                    break
                 service.advance(1)
                 await asyncio.sleep(0)
         else:

@@ -140,7 +140,7 @@ class Service:
         self._severity: dict[int, ThermalSeverity] = {}
         self._completed: dict[int, None] = {}
         self._pending: list[Action] = []
-        self._pending_tasks: list[tuple[SerialQueue, Callable[[], None]]] = []
+        self._to_schedule: list[SerialQueue] = []
         self._closed = False
         self.policy_name, policy_object = self._make_policy(policy, policy_params)
         self.driver = self._make_driver(driver, devices, dict(driver_options or {}))
@@ -435,17 +435,18 @@ class Service:
                 self._deliver(context, _complete(context, action))
 
     def _deliver(self, context: _Context, task: Callable[[], None]) -> None:
-        self._pending_tasks.append((context.queue, task))
+        if context.queue.put(task):
+            self._to_schedule.append(context.queue)
 
     def _flush(self) -> None:
-        """Hand queued deliveries to their executors, outside the lock."""
+        """Schedule the queues that got deliveries, outside the lock."""
         while True:
             with self._lock:
-                tasks, self._pending_tasks = self._pending_tasks, []
-            if not tasks:
+                queues, self._to_schedule = self._to_schedule, []
+            if not queues:
                 return
-            for queue, task in tasks:
-                queue.put(task)
+            for queue in queues:
+                queue.schedule()
 
     def _unload_models(self, key: RequestKey) -> None:
         context = self._contexts.get(key)
@@ -515,16 +516,17 @@ class Service:
             self._flush()
         self._flush()
 
+    def quiescent(self) -> bool:
+        """Virtual time: True when no work runs and no decision is due, so nothing will change."""
+        engine = getattr(self.driver, "engine", None)
+        busy = engine is not None and not engine.idle()
+        return not busy and self.arbiter.next_deadline_ms() is None
+
     def run_until_idle(self, max_ms: int = 60_000) -> None:
         """Virtual time: advance until the driver is idle and no decision is due."""
         self._virtual_only("run_until_idle")
         deadline = self.now_ms + check_int("max_ms", max_ms, 0, 1 << 40)
-        while self.now_ms < deadline:
-            engine = getattr(self.driver, "engine", None)
-            busy = engine is not None and not engine.idle()
-            due = self.arbiter.next_deadline_ms()
-            if not busy and due is None:
-                break
+        while self.now_ms < deadline and not self.quiescent():
             self.advance(1)
 
     def _virtual_only(self, what: str) -> None:
@@ -563,7 +565,12 @@ class Service:
                 return
             clients = sorted({key.client for key in self._contexts})
             for client in clients:
-                self._perform(self.arbiter.client_died(self.now_ms, client))
+                final = [
+                    action
+                    for action in self.arbiter.client_died(self.now_ms, client)
+                    if isinstance(action, Complete | Revoke)
+                ]
+                self._perform(final)
             self._closed = True
         self._flush()
         self._stop.set()
