@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,17 @@ def test_ci_runs_the_blocks_it_extracts() -> None:
 def test_extractor_refuses_a_readme_without_the_section() -> None:
     with pytest.raises(SystemExit, match="no '## Quick start' section"):
         _extractor().quickstart_blocks("# nothing here\n")  # type: ignore[attr-defined]
+
+
+def test_the_readme_usage_example_runs() -> None:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## Using it.*?```python\n(.*?)```", text, re.DOTALL)
+    assert block is not None
+    namespace: dict[str, object] = {}
+    exec(block.group(1), namespace)
+    service = namespace["service"]
+    try:
+        state = service.state_of(namespace["app"], namespace["request"])  # type: ignore[attr-defined]
+        assert state == "loaded"
+    finally:
+        service.close()  # type: ignore[attr-defined]
