@@ -161,8 +161,11 @@ def test_status_quo_grants_at_once_and_cancel_gives_cancelled() -> None:
         ("can_load", FG_CLIENT, 9, CAN_LOAD_NOW)
     ]
     assert kinds(arbiter.cancel(7, BG_CLIENT, 3)) == [("complete", BG_CLIENT, 3, CANCELLED)]
-    assert kinds(arbiter.set_thermal(8, 0, ThermalSeverity.CRITICAL)) == []
+    assert kinds(arbiter.set_thermal(8, 1, ThermalSeverity.CRITICAL)) == []
     assert kinds(arbiter.set_memory_pressure(8, 2)) == []
+    assert kinds(arbiter.set_capacity([10, 20], now_ms=8)) == []
+    assert (arbiter.thermal(0), arbiter.thermal(1)) == (ThermalSeverity.NONE, 4)
+    assert (arbiter.memory_pressure, arbiter.capacities) == (2, (10, 20))
     assert kinds(arbiter.work_ended(9, BG, EndReason.COMPLETED)) == []
     assert len(arbiter.requests()) == 5
 

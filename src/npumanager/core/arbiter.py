@@ -359,6 +359,20 @@ class Arbiter:
         """The policy in force (its `name` and `params` describe it)."""
         return self._policy
 
+    @property
+    def memory_pressure(self) -> int:
+        """The last memory pressure level given: 0 none, 1 moderate, 2 critical."""
+        return self._memory_pressure
+
+    @property
+    def capacities(self) -> tuple[int, ...] | None:
+        """The driver's weight memory per device, once given."""
+        return self._capacities
+
+    def thermal(self, device: int) -> ThermalSeverity:
+        """The last thermal severity given for the device."""
+        return self._thermal.get(device, ThermalSeverity.NONE)
+
     def scheduling_config(self, uid: int) -> SchedulingConfig:
         """The config the driver holds (or would hold) for the uid."""
         return self._configs.get(uid) or self._config_for(uid)
