@@ -75,14 +75,6 @@ def test_strict_plugins_error_is_one_line_exit_2(installed_plugins: object) -> N
     assert result.stderr.startswith("npu-manager: error: plugin 'brokennpu'")
 
 
-def test_demo_lists_the_building_blocks() -> None:
-    code, out, _ = run("demo")
-    assert code == 0
-    assert "sinks     memory" in out
-    assert "drivers" in out
-    assert "policies" in out
-
-
 def test_schema_all_and_one() -> None:
     code, out, _ = run("schema")
     assert code == 0
