@@ -391,6 +391,58 @@ def test_arbitrary_calls_get_status_codes_never_a_crash(
         assert lib.vnpu_destroy(h) == OK
 
 
+SPEC_FIELDS = st.fixed_dictionaries(
+    {
+        "channels": st.integers(-2, 66) | st.integers(INT32_MIN, INT32_MAX),
+        "sram_bytes": I64,
+        "weight_memory_bytes": I64,
+        "clock_mhz": I64,
+        "slice_us": I64,
+        "ambient_mc": st.sampled_from([35_000, -5]) | I64,
+        "tick_us": I64,
+        "heat_per_busy_channel_mc": I64,
+        "cooling_permille": st.integers(-1, 1001) | I64,
+        "thresholds_mc": st.sampled_from([[40_000, 45_000, 50_000, 55_000, 60_000, 65_000]])
+        | st.lists(I64, min_size=6, max_size=6),
+        "throttle_percent": st.lists(st.integers(-1, 101) | I64, min_size=6, max_size=6),
+    }
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(SPEC_FIELDS, min_size=lib.VNPU_MAX_DEVICES, max_size=lib.VNPU_MAX_DEVICES),
+    st.integers(-1, 17) | st.integers(INT32_MIN, INT32_MAX),
+    st.integers(-1, 70) | st.integers(INT32_MIN, INT32_MAX),
+    st.integers(-1, 70) | st.integers(INT32_MIN, INT32_MAX),
+    st.integers(-1, 70) | st.integers(INT32_MIN, INT32_MAX),
+    st.integers(-1, 2),
+    st.tuples(*[I32] * 6),
+)
+def test_create_with_arbitrary_ints_gets_a_status_code(
+    fields: list[dict[str, Any]],
+    devices: int,
+    max_live: int,
+    models: int,
+    capacity: int,
+    clock: int,
+    unknown: tuple[int, ...],
+) -> None:
+    specs = ffi.new("vnpu_spec[]", lib.VNPU_MAX_DEVICES)
+    for n, values in enumerate(fields):
+        for name, value in values.items():
+            setattr(specs[n], name, value)
+    out = ffi.new("vnpu_handle **")
+    rc = lib.vnpu_create(
+        specs, devices, max_live, models, capacity, clock, ffi.new("vnpu_config *", unknown), out
+    )
+    assert rc in {OK, INVAL, NOMEM}
+    assert (out[0] != ffi.NULL) == (rc == OK)
+    if rc == OK:
+        assert submit(out[0], load(out[0]))[0] == OK
+        assert lib.vnpu_destroy(out[0]) == OK
+
+
 # Virtual clock: the event queue's back-pressure ------------------------------------------
 
 
