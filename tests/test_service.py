@@ -503,3 +503,39 @@ def test_close_completes_every_live_request() -> None:
     assert recorder.calls[-1][0] == "complete"
     with pytest.raises(IllegalArgumentError, match="closed"):
         app.request_can_load_model(req(2), Recorder(app))
+
+
+# Real time -------------------------------------------------------------------------------------
+
+
+def wait_for(predicate: Any, timeout: float = 5.0) -> bool:
+    deadline = threading.Event()
+    for _ in range(int(timeout / 0.005)):
+        if predicate():
+            return True
+        deadline.wait(0.005)
+    return bool(predicate())
+
+
+def test_real_time_service_runs_the_flow_on_its_own_threads() -> None:
+    with Service("vnpu", "turn_taking", clock="real", unload_grace_ms=150) as svc:
+        svc.set_uid_importance(10002, Importance.CACHED)
+        svc.set_uid_importance(10001, Importance.FOREGROUND)
+        bg_app = svc.manager(10002, uses_feature=True)
+        bg = Recorder(bg_app, obey=False)
+        bg_app.request_can_load_model(req(1), bg)
+        assert wait_for(lambda: bg.names() == ["can_load"])
+        assert bg.threads == {"npu-dispatch_0"}
+        work = bg.models[0].submit(10**15)
+        events: list[WorkEvent] = []
+        svc.add_listener(events.extend)
+        fg_app = svc.manager(10001, uses_feature=True)
+        fg = Recorder(fg_app)
+        fg_app.request_can_load_model(req(2), fg)
+        # The background app ignores the unload request: the service thread revokes it.
+        assert wait_for(lambda: fg.calls[-1:] == [("can_load", ModelLoadStatus.CAN_LOAD_NOW)])
+        assert [name for name, _ in fg.calls] == ["can_load", "can_load"]
+        assert bg.calls[-1] == ("complete", ModelLoadRequestStatus.COMPLETE)
+        assert wait_for(
+            lambda: any(e.id == work and e.reason == EndReason.CANCELLED_SYSTEM for e in events)
+        )

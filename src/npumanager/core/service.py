@@ -23,8 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ValidationError
-
 from npumanager.core.actions import (
     Action,
     CanLoad,
@@ -54,6 +52,7 @@ from npumanager.core.dispatch import (
 from npumanager.core.driver import DriverBase
 from npumanager.core.events import EventKind, WorkEvent
 from npumanager.core.plugins import PluginRegistry, load_plugins
+from npumanager.core.policy import Policy, build_policy
 from npumanager.errors import (
     DuplicateRequestError,
     FeatureNotDeclaredError,
@@ -130,7 +129,7 @@ class Service:
         self.feature_mode = feature_mode
         self.registry = registry or load_plugins()
         self.management_uids = frozenset({ROOT_UID, SYSTEM_UID, *management_uids})
-        self.attribution_uids = frozenset(attribution_uids)
+        self.attribution_uids = frozenset({ROOT_UID, SYSTEM_UID, *attribution_uids})
         self._lock = threading.RLock()
         self._stats = DeliveryStats()
         self._contexts: dict[RequestKey, _Context] = {}
@@ -149,13 +148,14 @@ class Service:
             unload_grace_ms=check_int("unload_grace_ms", unload_grace_ms, 0, 1 << 40),
             attribution_uids=self.attribution_uids,
         )
-        self.arbiter.set_capacity([d.weight_memory_bytes for d in self.driver.describe_devices()])
         self.driver.set_callback(_DriverEvents(self), debounce_duration_ms=0)
         self._dispatcher: ThreadPoolExecutor | None = None
         self._default_executor: ExecutorLike = run_inline
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         with self._lock:
+            capacities = [d.weight_memory_bytes for d in self.driver.describe_devices()]
+            self._perform(self.arbiter.set_capacity(capacities, now_ms=self.now_ms))
             self._perform(self.arbiter.connect_driver())
             self._sample_devices()
         if clock == "real":
@@ -184,22 +184,9 @@ class Service:
 
     def _make_policy(
         self, policy: str | ModelPolicy | int, params: Mapping[str, Any] | None
-    ) -> tuple[str, Any]:
+    ) -> tuple[str, Policy]:
         name = policy_name(policy)
-        record = self.registry.policy(name)
-        model = record.params_model
-        if model is None:
-            if params:
-                raise PolicyParamsError(f"policy {name!r} takes no parameters; got {dict(params)}")
-            return name, record.factory(None)
-        try:
-            validated: BaseModel = model.model_validate(dict(params or {}))
-        except ValidationError as exc:
-            detail = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'params'}: {e['msg']}" for e in exc.errors()
-            )
-            raise PolicyParamsError(f"bad parameters for policy {name!r}: {detail}") from None
-        return name, record.factory(validated)
+        return name, build_policy(self.registry.policy(name), params)
 
     # Clients ----------------------------------------------------------------------------
 
