@@ -1,7 +1,9 @@
 """Admission latency: from a request until its decision is delivered, by tracked requests.
 
-In process, no service: the arbiter decides and an inline executor delivers each action
-at once, the way an in-process service with an inline executor would. The arbiter is
+In process, virtual time. `budget` and `naive`: the arbiter decides and an inline
+executor delivers each action at once. `service_budget`: the same probes through
+`NpuManager.request_can_load_model` with an inline executor, timed until the decision's
+callback has run. The arbiter is
 first filled with N tracked requests (a foreground uid holding most of the budget, the
 rest from many background uids, refused); then each sample is one request from a
 background uid, alternately small (granted) and large (refused), cancelled afterwards so
@@ -96,6 +98,67 @@ def measure(tracked: int, policy: Callable[[], Policy], samples: int) -> list[fl
     return latencies
 
 
+class _Quiet:
+    """A client callback that only notes when its decision arrived."""
+
+    def __init__(self, stamps: list[int] | None = None) -> None:
+        self.stamps = stamps
+
+    def on_can_load_model(self, request: object, status: object, listener: object) -> None:
+        if self.stamps is not None:
+            self.stamps.append(time.perf_counter_ns())
+
+    def on_request_unload_model(self, request: object, reason: object = None) -> None:
+        """Tracked requests are never asked to unload here."""
+
+    def on_model_load_request_complete(self, request: object, status: object) -> None:
+        """Probes are cancelled; nothing to record."""
+
+
+def measure_service(tracked: int, samples: int) -> list[float]:
+    """The same probes through the service's client API with an inline executor.
+
+    The time runs from `request_can_load_model` until the decision's callback has run.
+    """
+    from npumanager.core.dispatch import run_inline
+    from npumanager.core.service import Service
+
+    service = Service("reference", "budget", clock="virtual")
+    quiet = _Quiet()
+    service.set_uid_importance(FOREGROUND_UID, Importance.FOREGROUND)
+    foreground = service.manager(FOREGROUND_UID, uses_feature=True)
+    holders = [ModelSize.BETWEEN_1GB_AND_2GB, ModelSize.LESS_THAN_1GB][:tracked]
+    for request_id, size in enumerate(holders):
+        request = ModelLoadRequest(id=request_id, size=size)
+        foreground.request_can_load_model(request, quiet, run_inline)
+        foreground.listener.notify_model_loaded(request)
+    importances = [Importance.SERVICE, Importance.CACHED, Importance.GONE]
+    managers = {}
+    for index in range(tracked - len(holders)):
+        uid = BACKGROUND_UID + index // REQUESTS_PER_UID
+        if uid not in managers:
+            service.set_uid_importance(uid, importances[uid % len(importances)])
+            managers[uid] = service.manager(uid, uses_feature=True)
+        request = ModelLoadRequest(id=index, size=ModelSize.GREATER_THAN_2G)
+        managers[uid].request_can_load_model(request, quiet, run_inline)
+    uids = sorted(managers) or [BACKGROUND_UID]
+    probes = {uid: service.manager(uid, uses_feature=True) for uid in uids}
+    stamps: list[int] = []
+    probe = _Quiet(stamps)
+    latencies = []
+    gc.collect()
+    for sample in range(samples):
+        size = ModelSize.LESS_THAN_1GB if sample % 2 else ModelSize.GREATER_THAN_2G
+        manager = probes[uids[sample % len(uids)]]
+        request = ModelLoadRequest(id=sample, size=size)
+        start = time.perf_counter_ns()
+        manager.request_can_load_model(request, probe, run_inline)
+        latencies.append((stamps[-1] - start) / 1000)
+        manager.cancel_model_load(request)
+    service.close()
+    return latencies
+
+
 def percentile(values: Sequence[float], fraction: float) -> float:
     """The nearest-rank percentile."""
     ordered = sorted(values)
@@ -103,9 +166,12 @@ def percentile(values: Sequence[float], fraction: float) -> float:
 
 
 def run(
-    sizes: Sequence[int] = SIZES, samples: int = 2000, repeat: int = 3
+    sizes: Sequence[int] = SIZES, samples: int = 2000, repeat: int = 3, through_service: bool = True
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """Medians over `repeat` runs of p50 and p99 per policy and tracked-request count."""
+    """Medians over `repeat` runs of p50 and p99 per policy and tracked-request count.
+
+    `service_budget` is the budget policy measured through the service's client API.
+    """
     result: dict[str, dict[str, dict[str, float]]] = {}
     for name, policy in POLICIES.items():
         p50: dict[str, float] = {}
@@ -116,6 +182,13 @@ def run(
             p50[str(tracked)] = round(statistics.median(percentile(r, 0.50) for r in runs), 2)
             p99[str(tracked)] = round(statistics.median(percentile(r, 0.99) for r in runs), 2)
         result[name] = {"p50_us": p50, "p99_us": p99}
+    if through_service:
+        p50, p99 = {}, {}
+        for tracked in sizes:
+            runs = [measure_service(tracked, samples) for _ in range(repeat)]
+            p50[str(tracked)] = round(statistics.median(percentile(r, 0.50) for r in runs), 2)
+            p99[str(tracked)] = round(statistics.median(percentile(r, 0.99) for r in runs), 2)
+        result["service_budget"] = {"p50_us": p50, "p99_us": p99}
     return result
 
 
@@ -126,8 +199,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=2000, help="probes per run (budget)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure; medians kept")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument(
+        "--no-service", action="store_true", help="skip the through-the-service figures"
+    )
     args = parser.parse_args(argv)
-    result = run(args.sizes, args.samples, args.repeat)
+    result = run(args.sizes, args.samples, args.repeat, not args.no_service)
     if args.json:
         print(json.dumps(result))
         return 0

@@ -186,7 +186,11 @@ def main() -> None:
         "preempt_reaction_p99_us": round(p99(reactions), 1) if reactions else None,
         "preempt_samples": len(reactions),
         "slice_us": args.slice_us,
-        "items": {"bulk": args.items, "reference": args.reference_items, "single": args.single_items},
+        "items": {
+            "bulk": args.items,
+            "reference": args.reference_items,
+            "single": args.single_items,
+        },
         "repeats": args.repeats,
     }
     if args.json:

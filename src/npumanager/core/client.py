@@ -9,6 +9,7 @@ once), `on_request_unload_model` under pressure, and exactly one
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,19 @@ def takes_reason(callback: object) -> bool:
     method = getattr(callback, "on_request_unload_model", None)
     if method is None:
         return False
+    function = getattr(method, "__func__", None)
+    if function is None:
+        return _accepts_two(method)
+    return _function_accepts_reason(function)
+
+
+@functools.lru_cache(maxsize=256)
+def _function_accepts_reason(function: Any) -> bool:
+    """For a plain function (self, request[, reason]): whether the reason fits."""
+    return _accepts_two(functools.partial(function, None))
+
+
+def _accepts_two(method: Any) -> bool:
     try:
         signature = inspect.signature(method)
     except (TypeError, ValueError):
