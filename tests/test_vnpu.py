@@ -700,8 +700,8 @@ def test_attach_delivers_through_the_loop_including_debounced_ends(real: Any) ->
         driver.set_callback(callback)  # the default 50 ms debounce window
         driver.attach(asyncio.get_running_loop())
         model = driver.load_model(1, weight_bytes=1)
-        first = driver.submit(model, uid=1, cost_cycles=500)
-        second = driver.submit(model, uid=1, cost_cycles=500)
+        first = driver.submit(model, uid=1, cost_cycles=20_000)
+        second = driver.submit(model, uid=1, cost_cycles=20_000)
         await asyncio.wait_for(callback.done.wait(), HANG_GUARD_S)
         driver.detach()
         assert callback.calls == [("requested", first), ("started", first), ("ended", second)]
