@@ -7,6 +7,7 @@ None); events come back in batches of int64 records that `struct.iter_unpack` tu
 
 from __future__ import annotations
 
+import gc
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
@@ -376,22 +377,30 @@ class VnpuEngine(Engine):
         """Every event queued in C now, oldest first."""
         out: list[WorkEvent] = []
         count = self._i32
-        while True:
-            rc = self._drain_call(self._h, self._buf, DRAIN_BATCH, count)
-            if rc != lib.VNPU_OK:
-                self._fail(rc, "take_events")
-            n = count[0]
-            if n == 0:
-                break
-            groups, features, cls = self._groups, self._features, WorkEvent
-            out += [
-                _new(cls, (k, r, i, groups[g], u, p, o, features[f], j, e, ms, d, t, m))
-                for k, r, i, g, u, p, o, f, j, e, ms, d, t, m in struct.iter_unpack(
-                    EVENT_FORMAT, self._view[: n * EVENT_SIZE]
-                )
-            ]
-            if n < DRAIN_BATCH:
-                break
+        # The tuples made here hold no references that could form a cycle; pausing the
+        # cyclic collector while making them halves the cost of a large batch.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            while True:
+                rc = self._drain_call(self._h, self._buf, DRAIN_BATCH, count)
+                if rc != lib.VNPU_OK:
+                    self._fail(rc, "take_events")
+                n = count[0]
+                if n == 0:
+                    break
+                groups, features, cls = self._groups, self._features, WorkEvent
+                out += [
+                    _new(cls, (k, r, i, groups[g], u, p, o, features[f], j, e, ms, d, t, m))
+                    for k, r, i, g, u, p, o, f, j, e, ms, d, t, m in struct.iter_unpack(
+                        EVENT_FORMAT, self._view[: n * EVENT_SIZE]
+                    )
+                ]
+                if n < DRAIN_BATCH:
+                    break
+        finally:
+            if collecting:
+                gc.enable()
         return out
 
     def take_events(self) -> list[WorkEvent]:

@@ -143,9 +143,16 @@ typedef struct {
 } vnpu_counters;
 
 /* Create a handle: `ndevices` specs, pools of `max_live_work` jobs and `max_models`
- * models, an event queue of soft capacity `event_capacity`, and the clock (virtual or
- * real; real starts one worker thread per device). `unknown` is the config an uid
- * without one schedules by (its uid field is ignored). */
+ * models, an event queue of soft capacity `event_capacity`, and the clock. `unknown` is
+ * the config a uid without one schedules by (its uid field is ignored).
+ *
+ * On the real clock time is CLOCK_MONOTONIC microseconds and one worker thread per device
+ * sleeps until its device's next event point, then performs every event point due by
+ * then (all devices, in the virtual clock's order), stamped with its own time. Every call
+ * first performs the event points due by now and then its own (the device it made dirty),
+ * so it acts exactly as advance_to(now) then the call would. While the event queue holds
+ * `event_capacity` events or more, workers wait for a drain and calls perform no further
+ * event points: the device clock then lags wall time, and nothing blocks a caller. */
 int vnpu_create(const vnpu_spec *specs, int32_t ndevices, int32_t max_live_work,
                 int32_t max_models, int32_t event_capacity, int32_t clock_mode,
                 const vnpu_config *unknown, vnpu_handle **out);
@@ -179,7 +186,8 @@ int vnpu_idle(vnpu_handle *h, int32_t *out_idle);
 int vnpu_status(vnpu_handle *h, int32_t device, vnpu_reading *out);
 int vnpu_stats(vnpu_handle *h, vnpu_counters *out);
 
-/* Move up to `cap` events, oldest first, into `buf`; `*out_n` says how many. */
+/* Move up to `cap` events, oldest first, into `buf` (which holds at least `cap` records);
+ * `*out_n` says how many. Draining wakes workers held up by a full queue. */
 int vnpu_drain(vnpu_handle *h, vnpu_event *buf, int32_t cap, int32_t *out_n);
 /* Real clock only: an eventfd that is readable while the event queue is not empty. */
 int vnpu_fileno(vnpu_handle *h, int32_t *out_fd);
