@@ -243,6 +243,32 @@ def test_least_important_running_job_is_the_one_paused(
     assert medium != low
 
 
+def test_a_channel_freed_at_a_boundary_is_used_instead_of_pausing(
+    make: Callable[..., SimulatedDriver],
+) -> None:
+    driver = make([DeviceSpec(channels=2, clock_mhz=1, slice_us=100)])
+    model = driver.load_model(0, weight_bytes=1)
+    long = driver.submit(model, uid=1, cost_cycles=10_000, job_priority=900)
+    driver.submit(model, uid=1, cost_cycles=100, job_priority=800)
+    driver.advance(50)
+    urgent = driver.submit(model, uid=1, cost_cycles=10, job_priority=0)
+    driver.advance(60)
+    events = driver.take_events()
+    assert all(e.reason != EndReason.PAUSED for e in events), "a free channel was there"
+    started = next(e for e in events if e.id == urgent and e.kind == EventKind.STARTED)
+    assert started.time_us == 100
+    assert long not in {e.id for e in events if e.kind == EventKind.ENDED}
+
+
+def test_time_stops_short_of_the_horizon(make: Callable[..., SimulatedDriver]) -> None:
+    driver = make()
+    with pytest.raises(IllegalArgumentError, match="us must be within"):
+        driver.advance(1 << 62)
+    driver.advance((1 << 62) - 1)
+    with pytest.raises(IllegalArgumentError, match="us must be within 0..0"):
+        driver.advance(1)
+
+
 def test_equal_priority_never_preempts(make: Callable[..., SimulatedDriver]) -> None:
     driver = make([ONE_CHANNEL])
     model = driver.load_model(0, weight_bytes=1)

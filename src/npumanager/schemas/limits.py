@@ -61,3 +61,6 @@ MEMORY_PRESSURE_MODERATE: Final = 1
 """Memory pressure level at which opportunistic models are unloaded."""
 MEMORY_PRESSURE_CRITICAL: Final = 2
 """Memory pressure level at which background-priority models are unloaded too."""
+
+SIMULATION_HORIZON_US: Final = 1 << 62
+"""Virtual time never reaches this: the simulated drivers' "never" and their clock limit."""

@@ -26,6 +26,7 @@ from npumanager.schemas.limits import (
     MAX_DEVICES,
     MAX_PRIORITY,
     MIN_PRIORITY,
+    SIMULATION_HORIZON_US,
 )
 
 GroupId = NpuUuid | uuid.UUID | bytes | str
@@ -311,18 +312,21 @@ class SimulatedDriver(DriverBase):
     def advance(self, us: int) -> None:
         """Run the devices for `us` microseconds of device time, then deliver events."""
         self._open()
-        target = self.now_us + check_int("us", us, 0, INT64_MAX // 4)
+        now = self.now_us
+        target = now + check_int("us", us, 0, SIMULATION_HORIZON_US - 1 - now)
         self.engine.advance_to(target)
         self.pump()
 
     def run_until_idle(self, max_us: int | None = None) -> int:
         """Run until no work is live and no arrival is pending (or `max_us` passed)."""
         self._open()
-        limit = (
-            None if max_us is None else self.now_us + check_int("max_us", max_us, 0, INT64_MAX // 4)
-        )
+        now = self.now_us
+        span = SIMULATION_HORIZON_US - 1 - now
+        limit = None if max_us is None else now + check_int("max_us", max_us, 0, span)
         while not self.engine.idle():
             target = self.engine.next_event_us()
+            if target >= SIMULATION_HORIZON_US:
+                break
             if limit is not None and target > limit:
                 self.engine.advance_to(limit)
                 break

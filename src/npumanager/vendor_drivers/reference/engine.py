@@ -12,9 +12,10 @@ The rules, which `vnpu/csrc/vnpu.c` implements identically:
   this order: (1) the thermal tick, if t is the next tick time; (2) completions due at
   t, by channel; (3) periodic arrivals due at t, by generator; (4) pauses of marked jobs
   whose slice boundary is t, by channel; (5) dispatch onto free channels.
-* Marking: pair the waiting jobs best first with the running jobs least important first
-  (key descending); while the waiting job's effective priority is strictly lower, the
-  running one is marked. A marked job is paused (ENDED PAUSED) at its next slice
+* Marking: the waiting jobs best first, less as many as there are free channels (those
+  will start on them), pair with the running jobs least important first (key
+  descending); while the waiting job's effective priority is strictly lower, the running
+  one is marked. A marked job is paused (ENDED PAUSED) at its next slice
   boundary, `run_start + k * slice_us` for the smallest k >= 1 not before now, then
   waits with its remaining work and resumes later (STARTED RESUMED).
 * Thermal tick every `tick_us` of device time while the device is busy or not at
@@ -51,12 +52,12 @@ from npumanager.errors import (
 )
 from npumanager.schemas import EndReason, SchedulingConfig, StartReason, ThermalSeverity
 from npumanager.schemas.device import DeviceSpec, DeviceStatus
-from npumanager.schemas.limits import UNKNOWN_UID_PRIORITY
+from npumanager.schemas.limits import SIMULATION_HORIZON_US, UNKNOWN_UID_PRIORITY
 from npumanager.vendor_drivers.simulated import Engine
 
 CENTI = 100
 """Centi-cycles per cycle."""
-NEVER = 1 << 62
+NEVER = SIMULATION_HORIZON_US
 
 QUEUED, RUNNING = 0, 1
 
@@ -306,7 +307,7 @@ class ReferenceEngine(Engine):
             best: tuple[int, int] | None = None
             for dev in self.devices:
                 t = self._next_event(dev)
-                if t <= target_us and (best is None or t < best[0]):
+                if t < NEVER and t <= target_us and (best is None or t < best[0]):
                     best = (t, dev.number)
             if best is None:
                 break
@@ -401,7 +402,8 @@ class ReferenceEngine(Engine):
         worst_first = sorted(running, key=lambda w: w.key, reverse=True)
         if dev.queue[0][0] >= worst_first[0].effective_priority:
             return []
-        best_first = [w for _, _, w in heapq.nsmallest(len(running), dev.queue)]
+        free = len(dev.channels) - len(running)
+        best_first = [w for _, _, w in heapq.nsmallest(len(running) + free, dev.queue)][free:]
         marked = []
         for waiting, victim in zip(best_first, worst_first, strict=False):
             if waiting.effective_priority >= victim.effective_priority:

@@ -684,8 +684,8 @@ static void pause_work(vnpu_handle *h, device_t *d, int32_t s, int64_t t) {
 }
 
 /* The running jobs to pause at their next slice boundary, by channel: the waiting jobs
- * best first pair with the running ones least important first while the waiting one's
- * effective priority is strictly lower. */
+ * best first, less the ones the free channels will take, pair with the running ones
+ * least important first while the waiting one's effective priority is strictly lower. */
 static int32_t marked(const vnpu_handle *h, const device_t *d, int32_t *out) {
     int32_t run[VNPU_MAX_CHANNELS];
     int32_t nrun = 0, worst = NO_SLOT;
@@ -710,6 +710,8 @@ static int32_t marked(const vnpu_handle *h, const device_t *d, int32_t *out) {
     frontier_t f;
     f.n = 1;
     f.pos[0] = 0;
+    for (int32_t free = d->nch - nrun; free > 0; free--)
+        if (frontier_next(h, d, &f) == NO_SLOT) return 0;
     int32_t m = 0;
     for (int32_t i = 0; i < nrun; i++) {
         int32_t waiting = frontier_next(h, d, &f);
