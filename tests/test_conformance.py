@@ -1,0 +1,40 @@
+"""The conformance suite (`npumanager.testing`) on the shipped drivers."""
+
+from __future__ import annotations
+
+import pytest
+
+from npumanager.schemas import DriverCapability
+from npumanager.testing import DriverSuite
+from npumanager.vendor_drivers.vnpu import CAPABILITIES as VNPU_CAPABILITIES
+
+
+class TestReferenceConformance(DriverSuite):
+    __test__ = True
+    driver_name = "reference"
+
+
+class TestVnpuConformance(DriverSuite):
+    __test__ = True
+    driver_name = "vnpu"
+
+
+class TestVnpuRealClockConformance(DriverSuite):
+    """The C driver on the real clock: no virtual time, so no timing is asserted.
+
+    Not `thread_safe`: the Python face of `vnpu` reads each submit's id from one shared
+    output buffer, so concurrent submits can be handed the same id.
+    """
+
+    __test__ = True
+    driver_name = "vnpu"
+    driver_options = {"clock": "real"}  # noqa: RUF012 - read only
+
+    @pytest.fixture
+    def driver_capabilities(self) -> frozenset[DriverCapability]:
+        return VNPU_CAPABILITIES - {DriverCapability.VIRTUAL_TIME}
+
+
+def test_the_base_suite_is_not_collected_on_its_own() -> None:
+    assert DriverSuite.__test__ is False
+    assert TestReferenceConformance.__test__ is True
