@@ -183,6 +183,30 @@ def cmd_schema(ctx: _Context) -> int:
     return 0
 
 
+def cmd_vts(ctx: _Context) -> int:
+    """Run the conformance suite on an installed driver; non-zero if any test fails."""
+    from npumanager.testing.runner import FAIL, module_for, run_suite
+
+    name = ctx.args.driver
+    ctx.registry.driver(name)  # an unknown name is a one-line error listing the known ones
+    results, output = run_suite(module_for(name))
+    failed = sum(r.outcome == FAIL for r in results)
+    if ctx.args.json:
+        rows = [{"test": r.name, "result": r.outcome, "detail": r.detail} for r in results]
+        print(
+            json.dumps({"driver": name, "results": rows, "failed": failed}, indent=2), file=ctx.out
+        )
+    else:
+        rows_ = [[r.name, r.outcome, r.detail] for r in results]
+        print(_table(rows_, ["TEST", "RESULT", "DETAIL"]), file=ctx.out)
+        counts = {o: sum(r.outcome == o for r in results) for o in ("PASS", "FAIL", "SKIP")}
+        summary = ", ".join(f"{n} {o.lower()}" for o, n in counts.items())
+        print(f"\ndriver {name}: {summary}", file=ctx.out)
+    if failed and ctx.args.verbose:
+        print(output, file=ctx.err)
+    return 1 if failed or not results else 0
+
+
 def cmd_config(ctx: _Context) -> int:
     """Print the effective configuration and where each value came from."""
     loaded = ctx.loaded
@@ -254,6 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     config = add("config", cmd_config, "print the effective configuration and its sources")
     config.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    vts = add("vts", cmd_vts, "run the driver conformance suite on an installed driver")
+    vts.add_argument("--driver", required=True, metavar="NAME", help="the driver to test")
+    vts.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    vts.add_argument(
+        "-v", "--verbose", action="store_true", help="print pytest's output when a test fails"
+    )
     return parser
 
 

@@ -1,0 +1,55 @@
+"""The pytest plugin (entry point `pytest11`: `npumanager`), loaded in every pytest run.
+
+It imports nothing heavy itself: the driver registry (and with it any driver's own
+modules, e.g. the cffi extension of `vnpu`) is loaded only when a fixture asks for it.
+
+- option ``--npu-driver NAME``: the driver a `DriverSuite` subclass without a
+  ``driver_name`` runs on;
+- fixture ``npu_registry``: the installed plugins (session-scoped);
+- fixture ``npu_driver_record``: the record of ``--npu-driver``;
+- marker ``npu_driver``: documents that a test runs on a vendor driver.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from npumanager.core.plugins import PluginRegistry
+    from npumanager.schemas import DriverRecord
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("npumanager", "npu-manager driver conformance")
+    group.addoption(
+        "--npu-driver",
+        dest="npu_driver",
+        default=None,
+        metavar="NAME",
+        help="the installed driver a DriverSuite subclass without driver_name runs on",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "npu_driver(name): the test runs the conformance suite on a vendor driver"
+    )
+
+
+@pytest.fixture(scope="session")
+def npu_registry() -> PluginRegistry:
+    """Every installed npu-manager plugin, loaded once per session."""
+    from npumanager.core.plugins import load_plugins
+
+    return load_plugins()
+
+
+@pytest.fixture
+def npu_driver_record(request: pytest.FixtureRequest, npu_registry: PluginRegistry) -> DriverRecord:
+    """The record of the driver named by ``--npu-driver``."""
+    name = request.config.getoption("npu_driver")
+    if name is None:
+        pytest.fail("no driver named: pass --npu-driver NAME")
+    return npu_registry.driver(name)

@@ -1,0 +1,141 @@
+"""Delivering the suite: the pytest plugin, `npu-manager vts`, and drivers that break rules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from npumanager.cli import main
+from npumanager.testing.runner import FAIL, PASS, SKIP, parse_junit, run_suite
+
+
+def test_importing_the_plugin_loads_no_driver() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        import npumanager.testing.plugin
+        import npumanager.testing
+        heavy = [m for m in ("_cffi_backend", "npumanager.vendor_drivers.vnpu",
+                             "npumanager.testing.suite", "hypothesis") if m in sys.modules]
+        assert not heavy, heavy
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_vts_prints_a_table_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["vts", "--driver", "reference"]) == 0
+    out = capsys.readouterr().out
+    assert "test_RunInferencesPrioritized" in out
+    assert "driver reference: 21 pass, 0 fail, 0 skip" in out
+
+
+def test_vts_unknown_driver_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["vts", "--driver", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "npu-manager: error: unknown driver 'nope'; available: reference, vnpu"
+
+
+BROKEN = textwrap.dedent(
+    """
+    import pytest
+    from npumanager.testing import DriverSuite
+    from npumanager.vendor_drivers.reference import CAPABILITIES, ReferenceDriver
+    from npumanager.vendor_drivers.reference.engine import ReferenceEngine
+
+
+    class NeverPreempts(ReferenceEngine):
+        def _marked(self, dev):
+            return []  # the running job keeps its channel: lower priority finishes first
+
+
+    class AllowsEveryone(ReferenceEngine):
+        def _permitted(self, uid, original_uid):
+            return True  # drops the FAILED of a uid without direct access
+
+
+    def driver_on(engine):
+        class Broken(ReferenceDriver):
+            def _make_engine(self):
+                return engine(self.specs, self.max_live_work, self.max_models)
+        return Broken
+
+
+    class TestNeverPreempts(DriverSuite):
+        __test__ = True
+
+        @pytest.fixture
+        def driver_factory(self):
+            return driver_on(NeverPreempts)
+
+        @pytest.fixture
+        def driver_capabilities(self):
+            return CAPABILITIES
+
+        def test_MatchesReferenceDevice(self):
+            pytest.skip("not on broken drivers: shrinking would take long")
+
+
+    class TestAllowsEveryone(TestNeverPreempts):
+        @pytest.fixture
+        def driver_factory(self):
+            return driver_on(AllowsEveryone)
+    """
+)
+
+
+def test_a_driver_that_breaks_a_rule_fails_naming_it() -> None:
+    results, output = run_suite(BROKEN)
+    failed = {r.name: r.detail for r in results if r.outcome == FAIL}
+    assert set(failed) == {
+        "test_RunInferencesPrioritized",
+        "test_PausedResumedPairing",
+        "test_RunInferenceFailsWithoutDirectAccess",
+        "test_RunInferenceFailsWithoutAttributeOtherUid",
+    }, output
+    assert (
+        "RunInferencesPrioritized: the priority-250 job" in failed["test_RunInferencesPrioritized"]
+    )
+    assert (
+        "RunInferenceFailsWithoutDirectAccess:"
+        in failed["test_RunInferenceFailsWithoutDirectAccess"]
+    )
+    assert "PausedResumed:" in failed["test_PausedResumedPairing"]
+    skipped = {r.detail for r in results if r.outcome == SKIP}
+    assert skipped == {"not on broken drivers: shrinking would take long"}
+    assert sum(r.outcome == PASS for r in results) > 20
+
+
+def test_junit_parsing_keeps_reasons() -> None:
+    xml = """<testsuites><testsuite>
+      <testcase name="a"/>
+      <testcase name="b"><skipped message="driver does not claim preemption"/></testcase>
+      <testcase name="c"><failure message="AssertionError: Rule: broken&#10;more"/></testcase>
+    </testsuite></testsuites>"""
+    assert [(r.name, r.outcome, r.detail) for r in parse_junit(xml)] == [
+        ("a", PASS, ""),
+        ("b", SKIP, "driver does not claim preemption"),
+        ("c", FAIL, "AssertionError: Rule: broken"),
+    ]
+
+
+def test_the_plugin_is_registered_through_its_entry_point(pytestconfig: pytest.Config) -> None:
+    assert pytestconfig.pluginmanager.has_plugin("npumanager")
+
+
+def test_npu_driver_option_names_the_driver() -> None:
+    source = textwrap.dedent(
+        """
+        from npumanager.testing import DriverSuite
+
+        class TestAnyDriver(DriverSuite):
+            __test__ = True
+        """
+    )
+    results, output = run_suite(
+        source, pytest_args=("--npu-driver", "vnpu", "-k", "SetSchedulingConfigs")
+    )
+    assert [r.outcome for r in results] == [PASS] * 3, output
