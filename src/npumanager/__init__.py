@@ -14,19 +14,29 @@ from npumanager.core.client import (
     ModelLoadStatusListener,
     NpuManager,
 )
+from npumanager.core.driver import BatchCallback, DriverBase, SchedulingCallback
+from npumanager.core.events import EventKind, WorkEvent
 from npumanager.core.hookspecs import hookimpl
 from npumanager.core.lease import AsyncLease, Lease, LeaseEndedError
 from npumanager.core.plugins import PluginRegistry, load_plugins
 from npumanager.core.service import Service
 from npumanager.errors import (
+    CapacityError,
     ConfigError,
+    IllegalArgumentError,
     NpuManagerError,
     PluginError,
     PluginWarning,
+    UnknownDeviceError,
+    UnknownModelError,
     UnknownPluginError,
+    UnknownWorkError,
 )
 from npumanager.schemas import *  # noqa: F403
 from npumanager.schemas import __all__ as _schema_names
+from npumanager.schemas.device import DeviceDescription, DeviceSpec, DeviceStatus, ThermalSpec
+from npumanager.vendor_drivers.reference.engine import ReferenceEngine
+from npumanager.vendor_drivers.simulated import Engine, SimulatedDriver
 
 try:
     __version__ = version("npu-manager")
@@ -36,7 +46,16 @@ except PackageNotFoundError:  # pragma: no cover - running from a bare source tr
 __all__ = [  # noqa: PLE0604
     *_schema_names,
     "AsyncLease",
+    "BatchCallback",
+    "CapacityError",
     "ConfigError",
+    "DeviceDescription",
+    "DeviceSpec",
+    "DeviceStatus",
+    "DriverBase",
+    "Engine",
+    "EventKind",
+    "IllegalArgumentError",
     "Lease",
     "LeaseEndedError",
     "LoadedModel",
@@ -48,7 +67,15 @@ __all__ = [  # noqa: PLE0604
     "PluginError",
     "PluginRegistry",
     "PluginWarning",
+    "ReferenceEngine",
+    "SchedulingCallback",
+    "SimulatedDriver",
+    "ThermalSpec",
+    "UnknownDeviceError",
+    "UnknownModelError",
     "UnknownPluginError",
+    "UnknownWorkError",
+    "WorkEvent",
     "__version__",
     "hookimpl",
     "load_plugins",
