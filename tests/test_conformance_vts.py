@@ -26,11 +26,29 @@ def test_importing_the_plugin_loads_no_driver() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_vts_prints_a_table_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["vts", "--driver", "reference"]) == 0
+@pytest.mark.parametrize("name", ["reference", "vnpu"])
+def test_vts_prints_a_table_and_exits_0(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["vts", "--driver", name]) == 0
     out = capsys.readouterr().out
     assert "test_RunInferencesPrioritized" in out
-    assert "driver reference: 21 pass, 0 fail, 0 skip" in out
+    assert f"driver {name}: 21 pass, 0 fail, 0 skip" in out
+
+
+def test_the_state_machine_catches_a_driver_that_differs_from_the_reference() -> None:
+    from npumanager.testing.stateful import check_against_reference
+    from npumanager.vendor_drivers.reference import ReferenceDriver
+    from npumanager.vendor_drivers.reference.engine import ReferenceEngine
+
+    class AllowsEveryone(ReferenceEngine):
+        def _permitted(self, uid: int, original_uid: int) -> bool:
+            return True
+
+    class Broken(ReferenceDriver):
+        def _make_engine(self) -> ReferenceEngine:
+            return AllowsEveryone(self.specs, self.max_live_work, self.max_models)
+
+    with pytest.raises(AssertionError, match="MatchesReferenceDevice: after .* the driver's"):
+        check_against_reference(Broken, max_examples=300)
 
 
 def test_vts_unknown_driver_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

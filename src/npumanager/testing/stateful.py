@@ -12,7 +12,13 @@ from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 from npumanager.core.events import WorkEvent
 from npumanager.schemas import SchedulingConfig
@@ -31,7 +37,7 @@ def _error_kind(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def check_against_reference(factory: Callable[..., Any], max_examples: int = 25) -> None:
+def check_against_reference(factory: Callable[..., Any], max_examples: int = 30) -> None:
     """Run the state machine on drivers built by `factory(devices=[SPEC])`."""
 
     class Machine(RuleBasedStateMachine):
@@ -57,6 +63,10 @@ def check_against_reference(factory: Callable[..., Any], max_examples: int = 25)
                 f"ops: {self.log}"
             )
             return got[1], want[1]
+
+        @initialize()
+        def first_model(self) -> None:
+            self.load(100, 0)
 
         @rule(
             uid=st.sampled_from(UIDS),
@@ -95,8 +105,7 @@ def check_against_reference(factory: Callable[..., Any], max_examples: int = 25)
         def submit(
             self, index: int, uid: int, original: int | None, priority: int, cost: int
         ) -> None:
-            if index >= len(self.models):
-                return
+            index %= len(self.models)
             mine, theirs = self.models[index]
             got, want = self.both(
                 f"submit(model#{index}, uid={uid}, original_uid={original}, "
@@ -184,7 +193,7 @@ def check_against_reference(factory: Callable[..., Any], max_examples: int = 25)
         Machine,
         settings=settings(
             max_examples=max_examples,
-            stateful_step_count=20,
+            stateful_step_count=30,
             deadline=None,
             suppress_health_check=list(HealthCheck),
             database=None,
