@@ -122,9 +122,10 @@ class VnpuDriver(SimulatedDriver):
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         fd = self.vnpu.fileno()
         while True:
-            idle = self.engine.idle()
             self.pump()
-            if idle:
+            if self.engine.idle():
+                # Idle is set together with the last events; pump what came since.
+                self.pump()
                 break
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:

@@ -7,9 +7,11 @@ None); events come back in batches of int64 records that `struct.iter_unpack` tu
 
 from __future__ import annotations
 
+import functools
 import gc
 import struct
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from npumanager.core.events import WorkEvent
@@ -107,6 +109,34 @@ def config_fields(config: SchedulingConfig) -> list[int]:
     ]
 
 
+SERIALIZED_CALLS = (
+    "configure",
+    "load_model",
+    "unload_model",
+    "submit",
+    "add_periodic",
+    "end_work",
+    "add_heat",
+    "now_us",
+    "next_event_us",
+    "idle",
+    "take_events",
+    "status",
+    "stats",
+    "fileno",
+    "close",
+)
+
+
+def _holding(lock: threading.RLock, method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return method(*args, **kwargs)
+
+    return call
+
+
 class VnpuEngine(Engine):
     """The engine over one C handle; every rule lives in `csrc/vnpu.c`."""
 
@@ -167,6 +197,19 @@ class VnpuEngine(Engine):
         self._advance = lib.vnpu_advance_to
         self._idle = lib.vnpu_idle
         self._next = lib.vnpu_next_event
+        if real_time:
+            self._serialize_calls()
+
+    def _serialize_calls(self) -> None:
+        """On the real clock apps call from many threads: one call at a time here.
+
+        The C handle is thread-safe; the scratch buffers and id tables on this side are
+        shared, so each public call holds a re-entrant lock (virtual time needs none).
+        """
+        lock = threading.RLock()
+        for name in SERIALIZED_CALLS:
+            method = getattr(self, name)
+            setattr(self, name, _holding(lock, method))
 
     # Errors -------------------------------------------------------------------------
 
