@@ -1,0 +1,63 @@
+"""The `onnxruntime` driver: real ONNX models in CPU `InferenceSession`s (extra `onnxruntime`).
+
+This module imports neither `onnxruntime` nor `onnx`: the registration hook only checks
+that both can be found, and registers nothing (with a logged warning naming the extra)
+when they cannot, so `npu-manager plugins` works without the extra. The driver itself
+lives in `npumanager.vendor_drivers.onnxruntime.driver`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from npumanager.core.hookspecs import hookimpl
+from npumanager.schemas import DriverCapability, DriverRecord
+
+log = logging.getLogger(__name__)
+
+CAPABILITIES = frozenset({DriverCapability.REAL_TIME, DriverCapability.MULTI_DEVICE})
+"""What the driver claims: real time on the wall clock and several devices. No PREEMPTION
+(an inference is never paused), no THERMAL_MODEL, and no VIRTUAL_TIME: its virtual clock
+(`clock="virtual"`, for deterministic tests) does not preempt, so it cannot match the
+reference device event for event."""
+
+EXTRA_HINT = "pip install 'npu-manager[onnxruntime]'"
+
+
+def available() -> bool:
+    """True if `onnxruntime` and `onnx` can be imported."""
+    for name in ("onnxruntime", "onnx"):
+        try:
+            if importlib.util.find_spec(name) is None:
+                return False
+        except (ImportError, ValueError):  # e.g. sys.modules[name] is None
+            return False
+    return True
+
+
+def _factory(*args: Any, **kwargs: Any) -> Any:
+    from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver
+
+    return OnnxRuntimeDriver(*args, **kwargs)
+
+
+@hookimpl
+def npumanager_register_drivers() -> Iterable[DriverRecord]:
+    """Register `onnxruntime` if the extra is installed; otherwise nothing, with a warning."""
+    if not available():
+        log.warning(
+            "driver 'onnxruntime' not registered: onnxruntime/onnx are not installed (%s)",
+            EXTRA_HINT,
+        )
+        return []
+    return [
+        DriverRecord(
+            name="onnxruntime",
+            factory=_factory,
+            capabilities=CAPABILITIES,
+            description="ONNX models in CPU onnxruntime sessions, scheduled by priority",
+        )
+    ]
