@@ -72,7 +72,7 @@ def test_registered_with_honest_capabilities() -> None:
     assert set(record.capabilities) == {DriverCapability.REAL_TIME, DriverCapability.MULTI_DEVICE}
 
 
-def test_missing_extra_registers_nothing_with_a_warning(
+def test_missing_extra_registers_nothing_and_says_which_extra(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     real = importlib.util.find_spec
@@ -81,7 +81,7 @@ def test_missing_extra_registers_nothing_with_a_warning(
         "find_spec",
         lambda name, *a: None if name == "onnxruntime" else real(name, *a),
     )
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         assert list(ort_plugin.npumanager_register_drivers()) == []
     assert "npu-manager[onnxruntime]" in caplog.text
 
@@ -99,7 +99,7 @@ def test_plugins_lists_without_the_extra() -> None:
     assert done.returncode == 0, done.stderr
     assert "vnpu" in done.stdout
     assert "onnxruntime " not in done.stdout
-    assert "npu-manager[onnxruntime]" in done.stderr
+    assert done.stderr == "", "an absent optional driver is not reported as a problem"
 
 
 def test_vts_exits_0(capsys: pytest.CaptureFixture[str]) -> None:

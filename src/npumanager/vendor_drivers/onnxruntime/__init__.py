@@ -1,9 +1,9 @@
 """The `onnxruntime` driver: real ONNX models in CPU `InferenceSession`s (extra `onnxruntime`).
 
-This module imports neither `onnxruntime` nor `onnx`: the registration hook only checks
-that both can be found, and registers nothing (with a logged warning naming the extra)
-when they cannot, so `npu-manager plugins` works without the extra. The driver itself
-lives in `npumanager.vendor_drivers.onnxruntime.driver`.
+This module imports neither `onnxruntime` nor `onnx`. The registration hook only checks
+that both can be found; when they cannot, it registers nothing and logs (at info level:
+an absent optional driver is no problem) which extra to install, so `npu-manager plugins`
+works without it. The driver itself lives in `npumanager.vendor_drivers.onnxruntime.driver`.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ def _factory(*args: Any, **kwargs: Any) -> Any:
 
 @hookimpl
 def npumanager_register_drivers() -> Iterable[DriverRecord]:
-    """Register `onnxruntime` if the extra is installed; otherwise nothing, with a warning."""
+    """Register `onnxruntime` if the extra is installed; otherwise nothing (logged at info)."""
     if not available():
-        log.warning(
+        log.info(
             "driver 'onnxruntime' not registered: onnxruntime/onnx are not installed (%s)",
             EXTRA_HINT,
         )
