@@ -8,7 +8,7 @@ record the action and tell the policy about the change through `moved`/`untrack`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -214,3 +214,23 @@ def build_policy(
     if not isinstance(policy, Policy):
         raise TypeError(f"policy {record.name!r} factory returned {policy!r}, not a Policy")
     return policy
+
+
+def make_room(
+    ctx: PolicyContext, victims: Iterable[Entry], displace: Callable[[Entry], None]
+) -> bool:
+    """Free what `victims` hold for a new request; True if the caller must wait.
+
+    Loaded victims are asked to unload, unloading ones are already going, the rest
+    (not yet loaded) are displaced by `displace` (cancelled, or refused for later).
+    """
+    must_wait = False
+    for other in victims:
+        if other.state is RequestState.LOADED:
+            ctx.ask_unload(other, UnloadReason.HIGHER_PRIORITY_REQUEST)
+            must_wait = True
+        elif other.state is RequestState.UNLOADING:
+            must_wait = True
+        else:
+            displace(other)
+    return must_wait

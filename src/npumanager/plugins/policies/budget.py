@@ -23,6 +23,7 @@ from npumanager.core.policy import (
     Entry,
     Policy,
     Rank,
+    make_room,
     validate_params,
 )
 from npumanager.core.sortedlist import SortedKeys
@@ -274,16 +275,7 @@ def _resolve(policy: Policy, entry: Entry, victims: list[Entry] | None) -> None:
     if victims is None:
         ctx.refuse(entry)
         return
-    must_wait = False
-    for other in victims:
-        if other.state is RequestState.LOADED:
-            ctx.ask_unload(other, UnloadReason.HIGHER_PRIORITY_REQUEST)
-            must_wait = True
-        elif other.state is RequestState.UNLOADING:
-            must_wait = True
-        else:
-            ctx.cancel(other)
-    if must_wait:
+    if make_room(ctx, victims, ctx.cancel):
         ctx.wait(entry)
     else:
         ctx.grant(entry)

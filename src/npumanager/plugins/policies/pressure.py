@@ -37,6 +37,7 @@ from npumanager.core.policy import (
     Policy,
     PolicyContext,
     Rank,
+    make_room,
     validate_params,
 )
 from npumanager.core.sortedlist import SortedKeys
@@ -253,16 +254,7 @@ class PressurePolicy(Policy):
             ctx.refuse(entry)
             return
         device, victims = best
-        must_wait = False
-        for other in victims:
-            if other.state is RequestState.LOADED:
-                ctx.ask_unload(other, UnloadReason.HIGHER_PRIORITY_REQUEST)
-                must_wait = True
-            elif other.state is RequestState.UNLOADING:
-                must_wait = True
-            else:
-                ctx.refuse(other)
-        if must_wait:
+        if make_room(ctx, victims, ctx.refuse):
             ctx.wait(entry, device)
         else:
             ctx.grant(entry, device)
