@@ -74,6 +74,23 @@ def device_specs(devices: int | Sequence[DeviceSpec | Mapping[str, Any]]) -> lis
     return specs
 
 
+def _job(
+    model: int, uid: int, original_uid: int | None, job_priority: int, cost_cycles: int
+) -> tuple[int, int, int, int, int]:
+    """The checked (model, uid, original uid, job priority, cost) of a job submission."""
+    uid = check_int("uid", uid, 0, INT32_MAX)
+    original = (
+        uid if original_uid is None else check_int("original_uid", original_uid, 0, INT32_MAX)
+    )
+    return (
+        check_int("model", model, 0, INT32_MAX),
+        uid,
+        original,
+        check_int("job_priority", job_priority, MIN_PRIORITY, MAX_PRIORITY),
+        check_int("cost_cycles", cost_cycles, 1, INT64_MAX // 100),
+    )
+
+
 class Engine(ABC):
     """What a simulation engine does; the face has checked every argument already."""
 
@@ -236,16 +253,9 @@ class SimulatedDriver(DriverBase):
     ) -> int:
         """Queue one job of `cost_cycles` on the model's device; returns its work id."""
         self._open()
-        uid = check_int("uid", uid, 0, INT32_MAX)
-        original = (
-            uid if original_uid is None else check_int("original_uid", original_uid, 0, INT32_MAX)
-        )
+        job = _job(model, uid, original_uid, job_priority, cost_cycles)
         return self.engine.submit(
-            check_int("model", model, 0, INT32_MAX),
-            uid,
-            original,
-            check_int("job_priority", job_priority, MIN_PRIORITY, MAX_PRIORITY),
-            check_int("cost_cycles", cost_cycles, 1, INT64_MAX // 100),
+            *job,
             group_bytes(group_id),
             self._feature(feature_id),
             check_int("debug_pid", debug_pid, INT32_MIN, INT32_MAX),
@@ -269,18 +279,11 @@ class SimulatedDriver(DriverBase):
     ) -> None:
         """Arrivals generated inside the device: `burst` jobs every `period_us`, `count` times."""
         self._open()
-        uid = check_int("uid", uid, 0, INT32_MAX)
-        original = (
-            uid if original_uid is None else check_int("original_uid", original_uid, 0, INT32_MAX)
-        )
+        job = _job(model, uid, original_uid, job_priority, cost_cycles)
         now = self.now_us
         start = now if start_us is None else check_int("start_us", start_us, now, INT64_MAX // 4)
         self.engine.add_periodic(
-            check_int("model", model, 0, INT32_MAX),
-            uid,
-            original,
-            check_int("job_priority", job_priority, MIN_PRIORITY, MAX_PRIORITY),
-            check_int("cost_cycles", cost_cycles, 1, INT64_MAX // 100),
+            *job,
             check_int("period_us", period_us, 1, INT64_MAX // 4),
             start,
             check_int("count", count, 1, INT32_MAX),
