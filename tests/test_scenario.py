@@ -54,7 +54,7 @@ def test_names_map_to_enums_and_sizes_derive_from_bytes() -> None:
     [
         ({"duration_ms": 0}, "duration_ms"),
         ({"apps": []}, "apps"),
-        ({"surprise": 1}, "surprise: Extra inputs are not permitted"),
+        ({"surprise": 1}, "surprise: unknown key; allowed: name, description, duration_ms"),
         (
             {"events": [{"at_ms": 1, "kind": "importance", "app": "nope", "importance": "CACHED"}]},
             "unknown app 'nope'",
@@ -64,6 +64,7 @@ def test_names_map_to_enums_and_sizes_derive_from_bytes() -> None:
             "needs 'app' and 'importance'",
         ),
         ({"events": [{"at_ms": 1, "kind": "heat", "device": 3}]}, "unknown device 3"),
+        ({"devices": [{"chanels": 2}]}, r"devices\.0\.chanels: unknown key; allowed: channels,"),
     ],
 )
 def test_bad_scenarios_name_the_key(change: dict[str, object], message: str) -> None:
@@ -98,3 +99,24 @@ def test_direct_run_shows_the_problems_the_manager_solves() -> None:
     assert metrics.throttled_ms > 0
     assert metrics.unload_requests == {}
     assert len(result.samples) == 6000
+
+
+def test_an_app_can_stop_and_name_its_device() -> None:
+    app = minimal()["apps"][0]  # type: ignore[index]
+    parse_scenario(minimal(apps=[{**app, "start_ms": 10, "stop_ms": 50}]))
+    with pytest.raises(ConfigError, match=r"stop_ms \(10\) must be after start_ms \(10\)"):
+        parse_scenario(minimal(apps=[{**app, "start_ms": 10, "stop_ms": 10}]))
+    with pytest.raises(ConfigError, match="app 'cam' names unknown device 1"):
+        parse_scenario(minimal(apps=[{**app, "device": 1}]))
+
+
+def test_an_app_that_stops_gives_its_model_back_in_both_runs() -> None:
+    from npumanager.simulation.runner import run_managed
+
+    app = {**minimal()["apps"][0], "work": {"kind": "loop", "cost_us": 1000}}  # type: ignore[index]
+    scenario = parse_scenario(minimal(apps=[{**app, "stop_ms": 40}], duration_ms=100))
+    for result in (run_direct(scenario, "reference"), run_managed(scenario, "reference")):
+        memory = [s.weight_memory_used_bytes for s in result.samples]
+        assert memory[30] == 1000 and memory[60] == 0, result.mode
+        done = result.metrics.jobs_done["cam"]
+        assert 30 <= done <= 40, result.mode

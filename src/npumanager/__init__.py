@@ -35,6 +35,17 @@ from npumanager.errors import (
 from npumanager.schemas import *  # noqa: F403
 from npumanager.schemas import __all__ as _schema_names
 from npumanager.schemas.device import DeviceDescription, DeviceSpec, DeviceStatus, ThermalSpec
+from npumanager.telemetry import (
+    DeviceSample,
+    EventSink,
+    ModelLoadRequested,
+    ModelLoadState,
+    ModelLoadStateChanged,
+    Sink,
+    SinkHandle,
+    SinkStats,
+    TelemetryEvent,
+)
 from npumanager.vendor_drivers.reference.engine import ReferenceEngine
 from npumanager.vendor_drivers.simulated import Engine, SimulatedDriver
 
@@ -50,16 +61,21 @@ __all__ = [  # noqa: PLE0604
     "CapacityError",
     "ConfigError",
     "DeviceDescription",
+    "DeviceSample",
     "DeviceSpec",
     "DeviceStatus",
     "DriverBase",
     "Engine",
     "EventKind",
+    "EventSink",
     "IllegalArgumentError",
     "Lease",
     "LeaseEndedError",
     "LoadedModel",
     "ModelLoadRequestCallback",
+    "ModelLoadRequested",
+    "ModelLoadState",
+    "ModelLoadStateChanged",
     "ModelLoadStatusListener",
     "NpuManager",
     "Service",
@@ -70,6 +86,10 @@ __all__ = [  # noqa: PLE0604
     "ReferenceEngine",
     "SchedulingCallback",
     "SimulatedDriver",
+    "Sink",
+    "SinkHandle",
+    "SinkStats",
+    "TelemetryEvent",
     "ThermalSpec",
     "UnknownDeviceError",
     "UnknownModelError",

@@ -19,6 +19,7 @@ from npumanager.core.config import LoadedConfig, load_config
 from npumanager.core.plugins import PluginRegistry, Registration, load_plugins
 from npumanager.errors import NpuManagerError, PluginWarning
 from npumanager.schemas import SCHEMA_MODELS, DriverRecord
+from npumanager.simulation import commands as simulation_commands
 
 PROG = "npu-manager"
 EXIT_USAGE = 2
@@ -107,56 +108,14 @@ def cmd_plugins(ctx: _Context) -> int:
     return 0
 
 
-DEMO_ROWS: list[tuple[str, str]] = [
-    ("camera_frames", "camera frames"),
-    ("camera_deadline_misses", "camera deadline misses"),
-    ("camera_p99_ms", "camera p99 latency (ms)"),
-    ("background_jobs_done", "background jobs done"),
-    ("assistant_jobs_done", "assistant jobs done"),
-    ("indexer_jobs_done", "indexer jobs done"),
-    ("overcommit_events", "over-commit events (LMK)"),
-    ("peak_weight_memory_bytes", "peak weight memory (GiB)"),
-    ("weight_memory_capacity_bytes", "weight memory capacity (GiB)"),
-    ("peak_temperature_c", "peak temperature (C)"),
-    ("throttled_ms", "throttled (ms)"),
-    ("unload_requests", "unload requests"),
-]
-
-
-def _demo_cell(key: str, value: Any) -> str:
-    if key.endswith("_bytes"):
-        return f"{value / (1 << 30):.2f}"
-    if isinstance(value, dict):
-        return ", ".join(f"{k.lower()} {v}" for k, v in value.items()) or "none"
-    return str(value)
-
-
 def cmd_demo(ctx: _Context) -> int:
     """Play the demo scenario direct and managed, and show the difference."""
-    from npumanager.simulation.runner import run_direct, run_managed
-    from npumanager.simulation.scenario import load_scenario
+    return simulation_commands.demo(ctx, _table, _demo_path())
 
-    path = ctx.args.scenario or _demo_path()
-    scenario = load_scenario(path)
-    registry = ctx.registry
-    direct = run_direct(scenario, ctx.args.driver, registry).metrics.as_dict()
-    managed = run_managed(scenario, ctx.args.driver, registry).metrics.as_dict()
-    if ctx.args.json:
-        json.dump({"direct": direct, "managed": managed}, ctx.out, indent=2)
-        ctx.out.write("\n")
-        return 0
-    print(f"{scenario.name}: {scenario.description}", file=ctx.out)
-    print(
-        f"{scenario.duration_ms / 1000:g} s of virtual time on {ctx.args.driver}; "
-        f"managed runs the {scenario.policy!r} policy\n",
-        file=ctx.out,
-    )
-    body = [
-        [label, _demo_cell(key, direct[key]), _demo_cell(key, managed[key])]
-        for key, label in DEMO_ROWS
-    ]
-    print(_table(body, ["", "DIRECT", "MANAGED"]), file=ctx.out)
-    return 0
+
+def cmd_simulate(ctx: _Context) -> int:
+    """Play a scenario file or a shipped scenario; --list names the shipped ones."""
+    return simulation_commands.simulate(ctx, _table)
 
 
 def _demo_path() -> Path:
@@ -263,13 +222,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo = add(
         "demo", cmd_demo, "play the demo scenario without and with the arbiter, side by side"
     )
-    demo.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    demo.add_argument(
-        "--driver", default="vnpu", help="the simulated driver to run on (default: vnpu)"
-    )
     demo.add_argument(
         "--scenario", type=Path, metavar="FILE", help="a scenario file (default: the shipped demo)"
     )
+    simulation_commands.add_play_arguments(demo)
+    simulate = add(
+        "simulate", cmd_simulate, "play a scenario file direct and managed, or --list shipped ones"
+    )
+    simulation_commands.add_simulate_arguments(simulate)
     plugins = add("plugins", cmd_plugins, "list installed drivers, policies and sinks")
     plugins.add_argument("--json", action="store_true", help="print JSON instead of a table")
     schema = add("schema", cmd_schema, "print the JSON Schema of the HAL and API models")

@@ -50,7 +50,20 @@ def npumanager_register_policies() -> Iterable[PolicyRecord] | PolicyRecord | No
 def npumanager_register_sinks() -> Iterable[SinkRecord] | SinkRecord | None:
     """Return the telemetry sinks this plugin provides.
 
-    A sink's factory builds an object whose `handle(batch)` receives events in batches.
+    A `SinkRecord`'s factory is called with the options given to `Service.add_sink(name,
+    **options)` and returns the sink object, which must have:
+
+    - `handle(batch)`: a sequence of events in time order, each a `WorkEvent`,
+      `ModelLoadRequested`, `ModelLoadStateChanged` or `DeviceSample` (light named
+      tuples; dispatch on `type(event)`). The batch is shared with other sinks: read it,
+      never modify it. In real time it runs on the sink's own worker thread, so it may
+      block; while it does, new batches past the registration's `queue_size` are
+      dropped and counted. An exception is logged and counted as failed, nothing more.
+    - optionally `close()`: called once, after the last batch, when the sink is removed
+      or the service closes.
+
+    Debouncing (`debounce_duration_ms`) is the service's business, per registration;
+    a sink sees work events already debounced.
     """
 
 

@@ -4,6 +4,9 @@ One driver, one model-loading policy (a plugin), the clients' callbacks. Every i
 goes to the pure `Arbiter`; the actions it returns are performed here: configs are
 relayed to the driver, models revoked, callbacks delivered on each client's executor.
 Driver events come back in batches and feed the policy's bookkeeping and the listeners.
+Telemetry sinks get the work events, every request's steps and device-health samples
+through a `TelemetryHub`: in virtual time inline at every step boundary, in real time on a
+worker thread per sink behind a bounded queue.
 
 In virtual time (`clock="virtual"`) nothing moves until `advance` or `run_until_idle`;
 callbacks run inline unless a client gives an executor. In real time a service thread
@@ -72,12 +75,18 @@ from npumanager.schemas import (
     ThermalSeverity,
 )
 from npumanager.schemas.limits import (
+    DEFAULT_SINK_QUEUE_EVENTS,
     DEFAULT_UNLOAD_GRACE_MS,
+    HEALTH_SAMPLE_INTERVAL_MS,
     MAX_PRIORITY,
     MIN_PRIORITY,
     ROOT_UID,
+    SINK_CLOSE_TIMEOUT_S,
     SYSTEM_UID,
 )
+from npumanager.telemetry import ModelLoadState, SinkHandle, SinkStats, TelemetryHub
+from npumanager.telemetry.health import HealthSampler
+from npumanager.telemetry.model_events import from_action, requested, state_changed
 from npumanager.vendor_drivers.simulated import check_int
 
 log = logging.getLogger(__name__)
@@ -118,6 +127,7 @@ class Service:
         attribution_uids: Iterable[int] = (),
         management_uids: Iterable[int] = (),
         registry: PluginRegistry | None = None,
+        sinks: Iterable[Any] = (),
     ) -> None:
         if clock not in ("real", "virtual"):
             raise IllegalArgumentError(f"clock must be 'real' or 'virtual'; got {clock!r}")
@@ -141,6 +151,10 @@ class Service:
         self._pending: list[Action] = []
         self._to_schedule: list[SerialQueue] = []
         self._closed = False
+        self._telemetry = TelemetryHub(
+            threaded=clock == "real", close_timeout_s=SINK_CLOSE_TIMEOUT_S
+        )
+        self._sampler = HealthSampler(HEALTH_SAMPLE_INTERVAL_MS * 1000)
         self.policy_name, policy_object = self._make_policy(policy, policy_params)
         self.driver = self._make_driver(driver, devices, dict(driver_options or {}))
         self.arbiter = Arbiter(
@@ -153,6 +167,8 @@ class Service:
         self._default_executor: ExecutorLike = run_inline
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        for sink in sinks:
+            self.add_sink(sink)
         with self._lock:
             capacities = [d.weight_memory_bytes for d in self.driver.describe_devices()]
             self._perform(self.arbiter.set_capacity(capacities, now_ms=self.now_ms))
@@ -224,6 +240,62 @@ class Service:
         with self._lock:
             self._listeners.append(listener)
 
+    def add_sink(
+        self,
+        sink: Any,
+        *,
+        debounce_duration_ms: int = 0,
+        queue_size: int = DEFAULT_SINK_QUEUE_EVENTS,
+        **options: Any,
+    ) -> SinkHandle:
+        """Send telemetry to a sink: a registered name (built with `options`) or an object.
+
+        Work events reach it through its own debouncer with the platform's rules
+        (`debounce_duration_ms`, 0 for raw events); model-load events and device samples
+        are never debounced. In real time at most `queue_size` events wait for a slow
+        sink; more are dropped and counted (`sink_stats`).
+        """
+        TelemetryHub.check_options(debounce_duration_ms, queue_size)
+        if isinstance(sink, str):
+            name, factory = sink, self.registry.sink(sink).factory
+            try:
+                sink = factory(**options)
+            except TypeError as exc:
+                raise IllegalArgumentError(f"sink {name!r}: {exc}") from None
+        elif options:
+            raise IllegalArgumentError(
+                f"options ({', '.join(sorted(options))}) are for a sink given by name; "
+                "configure a sink object yourself"
+            )
+        else:
+            name = type(sink).__name__
+        with self._lock:
+            self._open()
+            return self._telemetry.add(
+                sink, name=name, debounce_duration_ms=debounce_duration_ms, queue_size=queue_size
+            )
+
+    def remove_sink(self, handle: SinkHandle) -> None:
+        """Stop sending to a sink: what it still has coming is delivered, then it is closed."""
+        with self._lock:
+            self._telemetry.remove(handle)
+
+    def sink_stats(self) -> dict[str, SinkStats]:
+        """Delivered, dropped, failed and queued events of every sink, by name."""
+        return self._telemetry.stats()
+
+    def _now_us(self) -> int:
+        """The telemetry clock: the driver's, on which work events are stamped."""
+        now = getattr(self.driver, "now_us", None)
+        return int(now) if now is not None else time.monotonic_ns() // 1000
+
+    def _emit_state(self, key: RequestKey, state: ModelLoadState) -> None:
+        context = self._contexts.get(key)
+        if self._telemetry and context is not None:
+            uid, now_us = context.manager.uid, self._now_us()
+            event = state_changed(uid, key, context.request, state, context.device, now_us)
+            self._telemetry.publish((event,))
+
     @property
     def now_ms(self) -> int:
         """The service clock, in milliseconds."""
@@ -275,6 +347,9 @@ class Service:
             except Exception:
                 del self._contexts[key]
                 raise
+            if self._telemetry:
+                event = requested(manager.uid, key, request, weight_bytes, self._now_us())
+                self._telemetry.publish((event,))
             self._perform(actions)
         self._flush()
 
@@ -282,11 +357,17 @@ class Service:
         self._act(lambda now: self.arbiter.cancel(now, manager.client, request.id))
 
     def _notify_loaded(self, manager: NpuManager, request: ModelLoadRequest) -> None:
-        self._act(lambda now: self.arbiter.notify_loaded(now, manager.client, request.id))
+        def step(now: int) -> list[Action]:
+            actions = self.arbiter.notify_loaded(now, manager.client, request.id)
+            self._emit_state(RequestKey(manager.client, request.id), ModelLoadState.LOADED)
+            return actions
+
+        self._act(step)
 
     def _notify_unloaded(self, manager: NpuManager, request: ModelLoadRequest) -> None:
         def step(now: int) -> list[Action]:
             actions = self.arbiter.notify_unloaded(now, manager.client, request.id)
+            self._emit_state(RequestKey(manager.client, request.id), ModelLoadState.UNLOADED)
             self._unload_models(RequestKey(manager.client, request.id))
             return actions
 
@@ -324,6 +405,7 @@ class Service:
             )
             model = LoadedModel(manager, request, handle, device)
             context.models.append(model)
+            self._emit_health()
             return model
 
     def _submit(
@@ -408,9 +490,12 @@ class Service:
             if context is None:
                 log.warning("action for a request the service does not know: %r", action)
                 continue
+            if isinstance(action, CanLoad) and action.device is not None:
+                context.device = action.device
+            if self._telemetry:
+                event = from_action(context.manager.uid, action, context.device, self._now_us())
+                self._telemetry.publish((event,))
             if isinstance(action, CanLoad):
-                if action.device is not None:
-                    context.device = action.device
                 self._deliver(context, _can_load(context, action))
             elif isinstance(action, RequestUnload):
                 self._deliver(context, _unload_request(context, action))
@@ -431,6 +516,7 @@ class Service:
             with self._lock:
                 queues, self._to_schedule = self._to_schedule, []
             if not queues:
+                self._telemetry.drain()
                 return
             for queue in queues:
                 queue.schedule()
@@ -441,11 +527,15 @@ class Service:
             return
         for model in context.models:
             self.driver.unload_model(model.handle)
+        if context.models:
+            self._emit_health()
         context.models.clear()
 
     # Driver events and time -------------------------------------------------------------
 
     def _on_work_events(self, events: Sequence[WorkEvent]) -> None:
+        if self._telemetry:
+            self._telemetry.publish_work(events)
         for listener in self._listeners:
             try:
                 listener(events)
@@ -463,16 +553,32 @@ class Service:
     def _sample_devices(self) -> None:
         now = self.now_ms
         for device in range(self.driver.device_count):
-            severity = self.driver.device_state(device).severity
+            state = self.driver.device_state(device)
+            if self._telemetry:
+                sample = self._sampler.sample(state, self._now_us())
+                if sample is not None:
+                    self._telemetry.publish((sample,))
+            severity = state.severity
             if self._severity.get(device, ThermalSeverity.NONE) != severity:
                 self._severity[device] = severity
                 self._perform(self.arbiter.set_thermal(now, device, severity))
+
+    def _emit_health(self) -> None:
+        """Sample device health for the sinks now (a model came or went)."""
+        if self._telemetry:
+            now_us = self._now_us()
+            for device in range(self.driver.device_count):
+                sample = self._sampler.sample(self.driver.device_state(device), now_us)
+                if sample is not None:
+                    self._telemetry.publish((sample,))
 
     def _after_driver_step(self) -> None:
         pending, self._pending = self._pending, []
         self._perform(pending)
         self._sample_devices()
         self._perform(self.arbiter.tick(self.now_ms))
+        if self._telemetry:
+            self._telemetry.step(self._now_us())
 
     def set_memory_pressure(self, level: int) -> None:
         """Signal memory pressure: 0 none, 1 moderate, 2 critical."""
@@ -565,6 +671,7 @@ class Service:
             self._thread.join(timeout=5)
         if self._dispatcher is not None:
             self._dispatcher.shutdown(wait=True)
+        self._telemetry.close()
         self.driver.close()
 
     def __enter__(self) -> Service:

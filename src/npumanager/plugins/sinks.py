@@ -1,12 +1,25 @@
-"""Built-in telemetry sinks."""
+"""Built-in telemetry sinks, registered through the same hook as any third party's.
+
+`jsonl`, `perfetto` and `memory` are always there. `prometheus` needs the extra of that
+name (prometheus-client); without it nothing is registered and the reason is logged at
+info level, as an absent optional plugin is no problem. Factories import their module on
+first use, so discovery stays cheap.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import threading
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from npumanager.core.hookspecs import hookimpl
 from npumanager.schemas import SinkRecord
+
+log = logging.getLogger(__name__)
+
+PROMETHEUS_EXTRA_HINT = "pip install 'npu-manager[prometheus]'"
 
 
 class MemorySink:
@@ -35,9 +48,59 @@ class MemorySink:
             return list(self._events)
 
 
+def prometheus_available() -> bool:
+    """True if prometheus-client can be imported."""
+    try:
+        return importlib.util.find_spec("prometheus_client") is not None
+    except (ImportError, ValueError):  # e.g. sys.modules["prometheus_client"] is None
+        return False
+
+
+def _jsonl(**options: Any) -> Any:
+    from npumanager.telemetry.jsonl import JsonlSink
+
+    return JsonlSink(**options)
+
+
+def _perfetto(**options: Any) -> Any:
+    from npumanager.telemetry.perfetto import PerfettoSink
+
+    return PerfettoSink(**options)
+
+
+def _prometheus(**options: Any) -> Any:
+    from npumanager.telemetry.prometheus import PrometheusSink
+
+    return PrometheusSink(**options)
+
+
 @hookimpl
 def npumanager_register_sinks() -> Iterable[SinkRecord]:
     """The sinks that ship with npu-manager."""
-    return [
+    records = [
         SinkRecord(name="memory", factory=MemorySink, description="keeps events in memory"),
+        SinkRecord(
+            name="jsonl",
+            factory=_jsonl,
+            description="JSON lines in the user log directory, rotated by size",
+        ),
+        SinkRecord(
+            name="perfetto",
+            factory=_perfetto,
+            description="a Chrome trace-event JSON file for ui.perfetto.dev",
+        ),
     ]
+    if prometheus_available():
+        records.append(
+            SinkRecord(
+                name="prometheus",
+                factory=_prometheus,
+                description="Prometheus metrics, served on a port you choose",
+            )
+        )
+    else:
+        log.info(
+            "sink 'prometheus' not registered: prometheus-client is not installed (%s)",
+            PROMETHEUS_EXTRA_HINT,
+        )
+    return records

@@ -64,3 +64,43 @@ MEMORY_PRESSURE_CRITICAL: Final = 2
 
 SIMULATION_HORIZON_US: Final = 1 << 62
 """Virtual time never reaches this: the simulated drivers' "never" and their clock limit."""
+
+DEFAULT_SINK_QUEUE_EVENTS: Final = 1 << 16
+"""Events a sink's queue holds before new batches are dropped (real time) or handed over."""
+MAX_SINK_QUEUE_EVENTS: Final = 1 << 26
+"""The largest queue a sink registration may ask for."""
+MAX_DEBOUNCE_DURATION_MS: Final = 3_600_000
+"""The longest debounce window a sink registration may ask for: an hour."""
+SINK_CLOSE_TIMEOUT_S: Final = 5.0
+"""How long closing waits for a real-time sink's worker to hand over what is queued."""
+HEALTH_SAMPLE_INTERVAL_MS: Final = 10
+"""Device health reaches sinks at least this often, and at once when severity or memory change."""
+LOG_DIR_APP_NAME: Final = "npu-manager"
+"""The platformdirs application name of the per-user log directory."""
+DEFAULT_JSONL_MAX_BYTES: Final = 16 << 20
+"""Size at which the `jsonl` sink rotates its file."""
+DEFAULT_JSONL_BACKUPS: Final = 3
+"""Rotated files the `jsonl` sink keeps."""
+JSONL_FLUSH_INTERVAL_S: Final = 1.0
+"""The `jsonl` sink flushes its file at most this often (and on close)."""
+WORK_DURATION_BUCKETS_S: Final = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+"""Histogram buckets of `npu_work_duration_seconds`, from half a millisecond to ten seconds."""
+PROGRESS_AFTER_S: Final = 1.0
+"""A simulation shows a progress bar once it has run this long in wall time."""
+PROGRESS_REDRAW_S: Final = 0.1
+"""The progress bar is redrawn at most this often."""

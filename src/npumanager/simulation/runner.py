@@ -4,6 +4,8 @@ before the NPU manager) and *managed* (through the service and its policy).
 Both runs step virtual time a millisecond at a time and measure the same things: camera
 frames and deadline misses, background throughput, loads that would not fit (each would
 wake the low-memory killer), memory and temperature peaks, throttled time, unload requests.
+Either run can feed telemetry sinks (`sinks=`): the managed run through the service, the
+direct run through a hub of its own, both inline at every millisecond, so nothing is lost.
 """
 
 from __future__ import annotations
@@ -24,9 +26,18 @@ from npumanager.schemas import (
     ModelLoadStatus,
     UnloadReason,
 )
+from npumanager.schemas.limits import (
+    DEFAULT_SINK_QUEUE_EVENTS,
+    HEALTH_SAMPLE_INTERVAL_MS,
+    SINK_CLOSE_TIMEOUT_S,
+)
 from npumanager.simulation.scenario import App, Scenario
+from npumanager.telemetry import ModelLoadState, ModelLoadStateChanged, TelemetryHub
+from npumanager.telemetry.health import HealthSampler
 
 MS_US = 1000
+Progress = Callable[[int], None]
+"""Told the virtual millisecond a run has reached, once a millisecond."""
 
 
 @dataclass
@@ -45,6 +56,8 @@ class RunMetrics:
     peak_temperature_c: float = 0.0
     throttled_ms: float = 0.0
     unload_requests: dict[str, int] = field(default_factory=dict)
+    jobs_done: dict[str, int] = field(default_factory=dict)
+    """Completed jobs of each app, by name."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -71,6 +84,8 @@ class RunResult:
     samples: list[Sample]
     unloads: list[tuple[int, str, str]]
     """(time ms, app, reason) of every unload request."""
+    load_failures: list[tuple[int, str]] = field(default_factory=list)
+    """(time ms, app) of every load that did not fit the device (direct runs)."""
 
 
 class _AppRun:
@@ -87,10 +102,24 @@ class _AppRun:
         self.frames = 0
         self.done = 0
         self.submit: Callable[[], int] | None = None
+        self.handle: int | None = None
+        self.stopped = False
+
+    def stops_at(self, t: int) -> bool:
+        """True at the millisecond the app gives its model up for good."""
+        return not self.stopped and self.app.stop_ms is not None and t >= self.app.stop_ms
+
+    def stop(self) -> None:
+        """No more work and no more requests."""
+        self.stopped = True
+        self.loaded = False
+        self.submit = None
+        self.wants_at = None
+        self.in_flight.clear()
 
     def due(self, t: int) -> bool:
         work = self.app.work
-        if work.kind == "loop" or t < self.app.start_ms:
+        if work.kind == "loop" or t < self.app.start_ms or self.stopped:
             return False
         return (t - self.app.start_ms) % work.period_ms == 0
 
@@ -158,9 +187,8 @@ def _finish(
     collector: _Collector,
     samples: list[Sample],
     unloads: list[tuple[int, str, str]],
-    capacity: int,
-    overcommits: int,
-    throttled_us: int,
+    state: Any,
+    load_failures: list[tuple[int, str]],
 ) -> RunResult:
     by_role: dict[str, list[_AppRun]] = {}
     for run in runs:
@@ -173,60 +201,115 @@ def _finish(
         background_jobs_done=sum(r.done for r in by_role.get("background", [])),
         assistant_jobs_done=sum(r.done for r in by_role.get("assistant", [])),
         indexer_jobs_done=sum(r.done for r in by_role.get("indexer", [])),
-        overcommit_events=overcommits,
+        overcommit_events=len(load_failures),
         peak_weight_memory_bytes=max((s.weight_memory_used_bytes for s in samples), default=0),
-        weight_memory_capacity_bytes=capacity,
+        weight_memory_capacity_bytes=state.weight_memory_bytes,
         peak_temperature_c=round(max((s.temperature_mc for s in samples), default=0) / 1000, 2),
-        throttled_ms=round(throttled_us / 1000, 1),
+        throttled_ms=round(state.throttled_us / 1000, 1),
         unload_requests=dict(sorted(Counter(reason for _, _, reason in unloads).items())),
+        jobs_done={run.app.name: run.done for run in runs},
     )
-    return RunResult(mode, metrics, collector.events, samples, unloads)
+    return RunResult(mode, metrics, collector.events, samples, unloads, load_failures)
+
+
+class _DirectTelemetry:
+    """What the service does for sinks, for a run without one: inline, every millisecond."""
+
+    def __init__(self, sinks: Sequence[Any], npu: Any) -> None:
+        self.hub = TelemetryHub(threaded=False, close_timeout_s=SINK_CLOSE_TIMEOUT_S)
+        for sink in sinks:
+            self.hub.add(
+                sink,
+                name=type(sink).__name__,
+                debounce_duration_ms=0,
+                queue_size=DEFAULT_SINK_QUEUE_EVENTS,
+            )
+        self.sampler = HealthSampler(HEALTH_SAMPLE_INTERVAL_MS * MS_US)
+        self.npu = npu
+
+    def model(self, run: _AppRun, state: ModelLoadState) -> None:
+        """A load or unload the app did itself (request id: the app's uid, no client)."""
+        if self.hub:
+            app = run.app
+            event = ModelLoadStateChanged(
+                app.uid,
+                0,
+                app.uid,
+                app.size_class,
+                app.priority,
+                state,
+                -1,
+                app.device,
+                self.npu.now_us,
+            )
+            self.hub.publish((event,))
+
+    def step(self, events: list[WorkEvent]) -> None:
+        """The millisecond is over: its events and a health sample go out."""
+        if not self.hub:
+            return
+        if events:
+            self.hub.publish_work(events)
+        now_us = self.npu.now_us
+        for device in range(self.npu.device_count):
+            sample = self.sampler.sample(self.npu.device_state(device), now_us)
+            if sample is not None:
+                self.hub.publish((sample,))
+        self.hub.drain()
 
 
 def run_direct(
-    scenario: Scenario, driver: str = "vnpu", registry: PluginRegistry | None = None
+    scenario: Scenario,
+    driver: str = "vnpu",
+    registry: PluginRegistry | None = None,
+    *,
+    sinks: Sequence[Any] = (),
+    progress: Progress | None = None,
 ) -> RunResult:
     """Every app loads and submits straight to the driver; nobody arbitrates."""
     registry = registry or load_plugins()
     npu = registry.driver(driver).factory(list(scenario.devices))
     collector = _Collector()
     npu.set_callback(collector, debounce_duration_ms=0)
+    telemetry = _DirectTelemetry(sinks, npu)
     clock = scenario.devices[0].clock_mhz
     runs = [_AppRun(app, clock) for app in scenario.apps]
     samples: list[Sample] = []
-    overcommits = 0
+    failures: list[tuple[int, str]] = []
     for t in range(scenario.duration_ms):
         for event in scenario.events:
             if event.at_ms == t and event.kind == "heat":
                 npu.add_heat(event.device, event.millicelsius)
         for run in runs:
+            if run.stops_at(t):
+                if run.handle is not None:
+                    npu.unload_model(run.handle)
+                    telemetry.model(run, ModelLoadState.UNLOADED)
+                run.handle = None
+                run.stop()
             if not run.loaded and run.wants_at is not None and t >= run.wants_at:
                 try:
-                    handle = npu.load_model(0, weight_bytes=run.app.model_bytes)
+                    handle = npu.load_model(run.app.device, weight_bytes=run.app.model_bytes)
                 except CapacityError:
-                    overcommits += 1
+                    failures.append((t, run.app.name))
                     run.wants_at = t + run.app.retry_ms
                 else:
-                    run.loaded, run.wants_at = True, None
+                    run.loaded, run.wants_at, run.handle = True, None, handle
                     run.submit = _direct_submit(npu, handle, run)
+                    telemetry.model(run, ModelLoadState.LOADED)
                     run.start_streams(t)
             if run.due(t):
                 run.arrive(t)
         npu.advance(MS_US)
-        for work_event in collector.take():
+        new = collector.take()
+        for work_event in new:
             _route(runs, work_event, t)
+        telemetry.step(new)
         samples.append(_sample(npu, t))
-    state = npu.device_state(0)
-    result = _finish(
-        "direct",
-        runs,
-        collector,
-        samples,
-        [],
-        state.weight_memory_bytes,
-        overcommits,
-        state.throttled_us,
-    )
+        if progress is not None:
+            progress(t)
+    result = _finish("direct", runs, collector, samples, [], npu.device_state(0), failures)
+    telemetry.hub.close()
     npu.close()
     return result
 
@@ -324,11 +407,41 @@ class _ManagedApp:
         self.run.in_flight.clear()
         if request == self.request:
             self.request = None
-            self.run.wants_at = self.now() + self.run.app.retry_ms
+            if not self.run.stopped:
+                self.run.wants_at = self.now() + self.run.app.retry_ms
+
+    def stop(self) -> None:
+        """Give the model up for good: report it unloaded, or cancel a pending request."""
+        loaded, request = self.run.loaded, self.request
+        self.run.stop()
+        if request is None:
+            return
+        if loaded:
+            self.manager.listener.notify_model_unloaded(request)
+        else:
+            self.manager.cancel_model_load(request)
+
+
+def _scenario_events(service: Any, scenario: Scenario, t: int) -> None:
+    """What the scenario makes happen at `t` in a managed run."""
+    for event in scenario.events:
+        if event.at_ms != t:
+            continue
+        if event.kind == "heat":
+            service.add_heat(event.device, event.millicelsius)
+        elif event.kind == "memory_pressure":
+            service.set_memory_pressure(event.level)
+        elif event.importance is not None and event.app is not None:
+            service.set_uid_importance(scenario.app(event.app).uid, event.importance)
 
 
 def run_managed(
-    scenario: Scenario, driver: str = "vnpu", registry: PluginRegistry | None = None
+    scenario: Scenario,
+    driver: str = "vnpu",
+    registry: PluginRegistry | None = None,
+    *,
+    sinks: Sequence[Any] = (),
+    progress: Progress | None = None,
 ) -> RunResult:
     """The same apps as clients of the service, under the scenario's policy."""
     from npumanager.core.service import Service
@@ -341,6 +454,7 @@ def run_managed(
         clock="virtual",
         devices=list(scenario.devices),
         registry=registry,
+        sinks=sinks,
     )
     collector = _Collector()
     service.add_listener(collector.on_work_events)
@@ -354,17 +468,11 @@ def run_managed(
         apps.append(_ManagedApp(run, manager, unloads, lambda: service.now_ms))
     samples: list[Sample] = []
     for t in range(scenario.duration_ms):
-        for event in scenario.events:
-            if event.at_ms != t:
-                continue
-            if event.kind == "heat":
-                service.add_heat(event.device, event.millicelsius)
-            elif event.kind == "memory_pressure":
-                service.set_memory_pressure(event.level)
-            elif event.importance is not None and event.app is not None:
-                service.set_uid_importance(scenario.app(event.app).uid, event.importance)
+        _scenario_events(service, scenario, t)
         for client in apps:
             run = client.run
+            if run.stops_at(t):
+                client.stop()
             if client.request is None and run.wants_at is not None and t >= run.wants_at:
                 client.ask()
             if run.due(t):
@@ -373,16 +481,10 @@ def run_managed(
         for work_event in collector.take():
             _route(runs, work_event, t)
         samples.append(_sample(service.driver, t))
-    state = service.driver.device_state(0)
+        if progress is not None:
+            progress(t)
     result = _finish(
-        "managed",
-        runs,
-        collector,
-        samples,
-        unloads,
-        state.weight_memory_bytes,
-        0,
-        state.throttled_us,
+        "managed", runs, collector, samples, unloads, service.driver.device_state(0), []
     )
     service.close()
     return result

@@ -8,8 +8,9 @@ compute at the device's full clock, sizes in bytes. Names of enums are the platf
 from __future__ import annotations
 
 import tomllib
+from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -63,6 +64,10 @@ class App(_Model):
     size: ModelSize | None = None
     priority: ModelPriority = ModelPriority.NORMAL
     start_ms: NonNegative = 0
+    stop_ms: Positive | None = None
+    """When the app gives its model up for good (default: it keeps going to the end)."""
+    device: NonNegative = 0
+    """The device the app loads onto in the direct run (the policy places managed loads)."""
     retry_ms: Positive = 250
     """After a refusal or an unload, how long the app waits before asking again."""
     work: Work
@@ -139,6 +144,14 @@ class Scenario(_Model):
         uids = [app.uid for app in self.apps]
         if len(set(uids)) != len(uids):
             raise ValueError(f"app uids must be unique; got {uids}")
+        for app in self.apps:
+            if app.device >= len(self.devices):
+                raise ValueError(f"app {app.name!r} names unknown device {app.device}")
+            if app.stop_ms is not None and app.stop_ms <= app.start_ms:
+                raise ValueError(
+                    f"app {app.name!r}: stop_ms ({app.stop_ms}) must be after start_ms "
+                    f"({app.start_ms})"
+                )
         for event in self.events:
             if event.app is not None and event.app not in names:
                 raise ValueError(f"event at {event.at_ms} ms names unknown app {event.app!r}")
@@ -149,6 +162,25 @@ class Scenario(_Model):
     def app(self, name: str) -> App:
         """The app of that name."""
         return next(app for app in self.apps if app.name == name)
+
+
+def shipped_scenarios() -> dict[str, Path]:
+    """The scenario files that ship in `npumanager/scenarios/`, by name (file stem)."""
+    folder = Path(str(resources.files("npumanager") / "scenarios"))
+    return {path.stem: path for path in sorted(folder.glob("*.toml"))}
+
+
+def find_scenario(spec: str) -> Path:
+    """A scenario file given by path, or a shipped one by name (`thermal_stress`)."""
+    path = Path(spec)
+    if path.suffix == ".toml" or path.exists() or "/" in spec:
+        return path
+    shipped = shipped_scenarios()
+    found = shipped.get(spec.replace("-", "_"))
+    if found is None:
+        names = ", ".join(shipped)
+        raise ConfigError(f"no scenario file or shipped scenario {spec!r}; shipped: {names}")
+    return found
 
 
 def load_scenario(path: Path) -> Scenario:
@@ -169,4 +201,20 @@ def parse_scenario(data: dict[str, Any], origin: str = "scenario") -> Scenario:
     except ValidationError as exc:
         error = exc.errors()[0]
         key = ".".join(str(p) for p in error["loc"]) or "(top level)"
-        raise ConfigError(f"{origin}: {key}: {error['msg']}") from None
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            allowed = ", ".join(_model_at(error["loc"][:-1]).model_fields)
+            message = f"unknown key; allowed: {allowed}"
+        raise ConfigError(f"{origin}: {key}: {message}") from None
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel]:
+    """The model class that validates the table at `loc` of a scenario."""
+    model: type[BaseModel] = Scenario
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        annotation = model.model_fields[part].annotation
+        inner = [annotation, *get_args(annotation)]
+        model = next((t for t in inner if isinstance(t, type) and issubclass(t, BaseModel)), model)
+    return model

@@ -1,0 +1,226 @@
+"""`npu-manager demo` and `npu-manager simulate`: play a scenario, show it, trace it, draw it.
+
+Both play a scenario direct (no arbiter) and managed (through the service), print the
+runs side by side (or as JSON), and on request write one Perfetto trace of the runs
+(`--trace`, the runs told apart by process-name prefixes) and a timeline picture
+(`--plot`, extra `plot`). A run longer than a second of wall time shows a progress bar
+on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+from npumanager.core.plugins import PluginRegistry
+from npumanager.errors import ConfigError, NpuManagerError
+from npumanager.simulation.progress import ProgressBar
+from npumanager.simulation.runner import RunResult, run_direct, run_managed
+from npumanager.simulation.scenario import (
+    Scenario,
+    find_scenario,
+    load_scenario,
+    shipped_scenarios,
+)
+
+Table = Callable[[Sequence[Sequence[str]], Sequence[str]], str]
+MODES = ("direct", "managed")
+ALWAYS_SHOWN = frozenset({"overcommit_events", "unload_requests"})
+"""Rows shown even when every run has nothing there (others are left out then)."""
+PROGRESS_CHOICES = ("auto", "always", "never")
+
+ROWS: list[tuple[str, str]] = [
+    ("camera_frames", "camera frames"),
+    ("camera_deadline_misses", "camera deadline misses"),
+    ("camera_p99_ms", "camera p99 latency (ms)"),
+    ("background_jobs_done", "background jobs done"),
+    ("assistant_jobs_done", "assistant jobs done"),
+    ("indexer_jobs_done", "indexer jobs done"),
+    ("overcommit_events", "over-commit events (LMK)"),
+    ("peak_weight_memory_bytes", "peak weight memory (GiB)"),
+    ("weight_memory_capacity_bytes", "weight memory capacity (GiB)"),
+    ("peak_temperature_c", "peak temperature (C)"),
+    ("throttled_ms", "throttled (ms)"),
+    ("unload_requests", "unload requests"),
+    ("jobs_done", "jobs done by app"),
+]
+
+
+class Context(Protocol):
+    """What a command gets from the command line: its arguments, the plugins, the streams."""
+
+    args: argparse.Namespace
+    out: TextIO
+    err: TextIO
+
+    @property
+    def registry(self) -> PluginRegistry: ...
+
+
+def add_play_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options demo and simulate share."""
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--driver", default="vnpu", help="the simulated driver to run on (default: vnpu)"
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        metavar="FILE",
+        help="write a Perfetto trace of the runs (open it at ui.perfetto.dev)",
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="draw the runs' timeline into a PNG (needs the 'plot' extra)",
+    )
+    parser.add_argument(
+        "--progress",
+        choices=PROGRESS_CHOICES,
+        default="auto",
+        help="a progress bar on stderr once a run takes over a second (auto: on a terminal)",
+    )
+
+
+def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of simulate."""
+    parser.add_argument(
+        "scenario",
+        nargs="?",
+        metavar="FILE|NAME",
+        help="a scenario file, or the name of a shipped one (see --list)",
+    )
+    parser.add_argument("--list", action="store_true", help="list the shipped scenarios")
+    parser.add_argument(
+        "--mode",
+        choices=(*MODES, "both"),
+        default="both",
+        help="play direct, managed or both (default: both)",
+    )
+    add_play_arguments(parser)
+
+
+def demo(ctx: Context, table: Table, default: Path) -> int:
+    """Play the demo scenario (or `--scenario FILE`) direct and managed."""
+    scenario = load_scenario(ctx.args.scenario or default)
+    return _play(ctx, table, scenario, MODES)
+
+
+def simulate(ctx: Context, table: Table) -> int:
+    """Play a scenario file or a shipped scenario, or list the shipped ones."""
+    if ctx.args.list:
+        return _list(ctx, table)
+    if ctx.args.scenario is None:
+        raise NpuManagerError("give a scenario file or a shipped scenario's name, or --list")
+    scenario = load_scenario(find_scenario(ctx.args.scenario))
+    modes = MODES if ctx.args.mode == "both" else (ctx.args.mode,)
+    return _play(ctx, table, scenario, modes)
+
+
+def _list(ctx: Context, table: Table) -> int:
+    rows = []
+    for name, path in shipped_scenarios().items():
+        scenario = load_scenario(path)
+        rows.append(
+            [name, scenario.policy, f"{scenario.duration_ms / 1000:g} s", scenario.description]
+        )
+    if ctx.args.json:
+        keys = ("name", "policy", "duration", "description")
+        json.dump([dict(zip(keys, row, strict=True)) for row in rows], ctx.out, indent=2)
+        ctx.out.write("\n")
+    else:
+        print(table(rows, ["NAME", "POLICY", "DURATION", "DESCRIPTION"]), file=ctx.out)
+    return 0
+
+
+def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str]) -> int:
+    args = ctx.args
+    if args.plot is not None:
+        from npumanager.simulation.plot import require_matplotlib
+
+        require_matplotlib()
+    for path in (args.trace, args.plot):
+        if path is not None:
+            _check_writable(path)
+    results = _run(ctx, scenario, modes)
+    written = []
+    if args.trace is not None:
+        from npumanager.telemetry.perfetto import write_trace
+
+        write_trace(args.trace, [sink for _, sink in results.values() if sink is not None])
+        written.append(f"trace: {args.trace} (open it at ui.perfetto.dev)")
+    if args.plot is not None:
+        from npumanager.simulation.plot import draw_timeline
+
+        draw_timeline([result for result, _ in results.values()], scenario, args.plot)
+        written.append(f"timeline: {args.plot}")
+    metrics = {mode: result.metrics.as_dict() for mode, (result, _) in results.items()}
+    if args.json:
+        json.dump(metrics, ctx.out, indent=2)
+        ctx.out.write("\n")
+        return 0
+    print(f"{scenario.name}: {scenario.description}", file=ctx.out)
+    print(
+        f"{scenario.duration_ms / 1000:g} s of virtual time on {args.driver}; "
+        f"managed runs the {scenario.policy!r} policy\n",
+        file=ctx.out,
+    )
+    body = [
+        [label, *(_cell(key, metrics[mode][key]) for mode in modes)]
+        for key, label in ROWS
+        if key in ALWAYS_SHOWN or any(metrics[mode][key] for mode in modes)
+    ]
+    print(table(body, ["", *(mode.upper() for mode in modes)]), file=ctx.out)
+    for line in written:
+        print(line, file=ctx.out)
+    return 0
+
+
+def _run(
+    ctx: Context, scenario: Scenario, modes: Sequence[str]
+) -> dict[str, tuple[RunResult, Any]]:
+    """Each mode's result and, with --trace, its Perfetto sink."""
+    from npumanager.telemetry.perfetto import PIDS_PER_SINK, PerfettoSink
+
+    registry = ctx.registry
+    names = {app.uid: app.name for app in scenario.apps}
+    bar = ProgressBar(scenario.duration_ms * len(modes), ctx.err)
+    show = ctx.args.progress == "always" or (ctx.args.progress == "auto" and ctx.err.isatty())
+    results: dict[str, tuple[RunResult, Any]] = {}
+    try:
+        for index, mode in enumerate(modes):
+            sink = None
+            if ctx.args.trace is not None:
+                sink = PerfettoSink(label=mode, pid_base=index * PIDS_PER_SINK, names=names)
+            run = run_direct if mode == "direct" else run_managed
+            progress = bar.stage(mode, index * scenario.duration_ms) if show else None
+            sinks = [sink] if sink is not None else []
+            result = run(scenario, ctx.args.driver, registry, sinks=sinks, progress=progress)
+            results[mode] = (result, sink)
+    finally:
+        bar.finish()
+    return results
+
+
+def _check_writable(path: Path) -> None:
+    """A one-line error now, before the runs, if `path` cannot be written."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory; give a file name")
+    if not folder.is_dir():
+        raise ConfigError(f"{path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"{path}: folder {folder} is not writable")
+
+
+def _cell(key: str, value: Any) -> str:
+    if key.endswith("_bytes"):
+        return f"{value / (1 << 30):.2f}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k.lower()} {v}" for k, v in value.items() if v) or "none"
+    return str(value)

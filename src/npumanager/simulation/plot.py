@@ -1,0 +1,135 @@
+"""The timeline picture of one or more runs (extra `plot`: matplotlib, Agg backend).
+
+Per run, top to bottom: the channels over time, each stretch of execution coloured by its
+app, with unload requests (and, direct, loads that did not fit) marked; below it the
+temperature and the weight memory in use against the capacity.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from npumanager.errors import NpuManagerError
+from npumanager.simulation.runner import MS_US, RunResult
+from npumanager.simulation.scenario import Scenario
+from npumanager.telemetry.slices import SliceBuilder
+
+PLOT_EXTRA_HINT = "pip install 'npu-manager[plot]'"
+_GIB = 1 << 30
+_TITLES = {"direct": "direct: every app on the driver, no arbiter", "managed": "managed"}
+
+
+class MissingExtraError(NpuManagerError):
+    """Drawing needs matplotlib, which the `plot` extra installs."""
+
+
+def require_matplotlib() -> None:
+    """Raise `MissingExtraError` (one line naming the extra) unless matplotlib is importable."""
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise MissingExtraError(f"--plot needs the 'plot' extra (matplotlib): {PLOT_EXTRA_HINT}")
+
+
+def draw_timeline(results: Sequence[RunResult], scenario: Scenario, path: str | Path) -> None:
+    """Draw every run of `results`, one above the other, into a PNG at `path`."""
+    require_matplotlib()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(13, 4.2 * len(results)), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    grid = figure.add_gridspec(2 * len(results), 1, height_ratios=[3, 2] * len(results))
+    colours = _colours(scenario)
+    names = {app.uid: app.name for app in scenario.apps}
+    first: Any = None
+    for index, result in enumerate(results):
+        lanes = figure.add_subplot(grid[2 * index], sharex=first)
+        first = first or lanes
+        health = figure.add_subplot(grid[2 * index + 1], sharex=first)
+        title = _TITLES.get(result.mode, result.mode)
+        if result.mode == "managed":
+            title = f"managed: the {scenario.policy!r} policy arbitrates"
+        lanes.set_title(f"{scenario.name}, {title}", loc="left", fontsize=11)
+        _draw_lanes(lanes, result, scenario, colours, names)
+        _draw_health(health, result)
+    first.set_xlim(0, scenario.duration_ms)
+    handles = [_patch(colour, name) for name, colour in colours.items()]
+    figure.legend(handles=handles, loc="outside lower center", ncols=len(handles) + 2)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(target, format="png")
+
+
+def _colours(scenario: Scenario) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    palette = colormaps["tab10"]
+    return {app.name: palette(index % 10) for index, app in enumerate(scenario.apps)}
+
+
+def _patch(colour: Any, label: str) -> Any:
+    from matplotlib.patches import Patch
+
+    return Patch(facecolor=colour, label=label)
+
+
+def _draw_lanes(
+    ax: Any,
+    result: RunResult,
+    scenario: Scenario,
+    colours: dict[str, Any],
+    names: dict[int, str],
+) -> None:
+    channels = [device.channels for device in scenario.devices]
+    offsets = [sum(channels[:n]) for n in range(len(channels))]
+    bars: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
+    for piece in SliceBuilder().feed_all(result.events):
+        row = offsets[piece.device] + piece.lane
+        name = names.get(piece.start.uid, f"uid {piece.start.uid}")
+        bars[name, row].append((piece.start.time_us / MS_US, piece.duration_us / MS_US))
+    for (name, row), spans in bars.items():
+        colour = colours.get(name, "grey")
+        ax.broken_barh(spans, (row - 0.4, 0.8), facecolors=colour, edgecolors="none")
+    rows = sum(channels)
+    labels = [
+        f"npu{device} ch{lane}" if len(channels) > 1 else f"ch {lane}"
+        for device, count in enumerate(channels)
+        for lane in range(count)
+    ]
+    ax.set_yticks(range(rows), labels)
+    ax.set_ylim(rows - 0.4, -1.4)
+    for t_ms, app, _reason in result.unloads:
+        ax.axvline(t_ms, color=colours.get(app, "black"), linestyle="--", linewidth=1)
+        ax.plot([t_ms], [-0.9], marker="v", color=colours.get(app, "black"), markersize=8)
+    for t_ms, app in result.load_failures:
+        ax.plot([t_ms], [-0.9], marker="x", color=colours.get(app, "red"), markersize=8)
+    notes = []
+    if result.unloads:
+        notes.append(f"v dashed: unload requested ({len(result.unloads)})")
+    if result.load_failures:
+        notes.append(f"x: a load did not fit, the LMK would strike ({len(result.load_failures)})")
+    if notes:
+        ax.text(1.0, 1.02, "   ".join(notes), transform=ax.transAxes, ha="right", fontsize=9)
+    ax.tick_params(labelbottom=False)
+
+
+def _draw_health(ax: Any, result: RunResult) -> None:
+    times = [sample.t_ms for sample in result.samples]
+    temperature = [sample.temperature_mc / 1000 for sample in result.samples]
+    memory = [sample.weight_memory_used_bytes / _GIB for sample in result.samples]
+    ax.plot(times, temperature, color="tab:red", linewidth=1.2, label="temperature (C)")
+    ax.set_ylabel("temperature (C)", color="tab:red")
+    memory_ax = ax.twinx()
+    memory_ax.plot(times, memory, color="tab:blue", linewidth=1.2, label="weight memory (GiB)")
+    capacity = result.metrics.weight_memory_capacity_bytes / _GIB
+    memory_ax.axhline(capacity, color="tab:blue", linestyle=":", linewidth=1)
+    memory_ax.set_ylim(0, capacity * 1.15)
+    memory_ax.set_ylabel("weight memory (GiB)", color="tab:blue")
+    ax.set_xlabel("virtual time (ms)")

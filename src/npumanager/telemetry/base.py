@@ -1,0 +1,42 @@
+"""A base for sinks that take events one kind at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from npumanager.core.events import WorkEvent
+from npumanager.telemetry.events import (
+    DeviceSample,
+    ModelLoadRequested,
+    ModelLoadStateChanged,
+    TelemetryEvent,
+)
+
+
+class EventSink:
+    """`handle(batch)` calls the method for each event's kind; override those you need."""
+
+    def handle(self, batch: Sequence[TelemetryEvent]) -> None:
+        """Dispatch every event of the batch, in order."""
+        for event in batch:
+            kind = type(event)
+            if kind is WorkEvent:
+                self.on_work(event)  # type: ignore[arg-type]
+            elif kind is DeviceSample:
+                self.on_device_sample(event)  # type: ignore[arg-type]
+            elif kind is ModelLoadStateChanged:
+                self.on_model_load_state_changed(event)  # type: ignore[arg-type]
+            else:
+                self.on_model_load_requested(event)  # type: ignore[arg-type]
+
+    def on_work(self, event: WorkEvent) -> None:
+        """A work-lifecycle event."""
+
+    def on_device_sample(self, sample: DeviceSample) -> None:
+        """A reading of a device's health."""
+
+    def on_model_load_requested(self, event: ModelLoadRequested) -> None:
+        """A client asked to load a model."""
+
+    def on_model_load_state_changed(self, event: ModelLoadStateChanged) -> None:
+        """A model-load request moved on."""

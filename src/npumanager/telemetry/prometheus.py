@@ -1,0 +1,133 @@
+"""The `prometheus` sink (extra `prometheus`): metrics in a registry of its own, served over HTTP.
+
+Metrics: `npu_work_events_total{kind,reason}`; `npu_work_duration_seconds`, the time
+from a work item's REQUESTED (else its first STARTED) to its final ENDED, by end reason;
+`npu_model_load_requests_total{status}`, every request (`requested`) and every step it
+took (`can_load_now`, `loaded`, `unload_requested`, ...); and, by device,
+`npu_weight_memory_bytes`, `npu_weight_memory_capacity_bytes`, `npu_temperature_celsius`,
+`npu_throttling_severity` and `npu_busy_channels`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.exposition import generate_latest
+
+from npumanager.core.events import NO_REASON, EventKind, WorkEvent
+from npumanager.errors import IllegalArgumentError
+from npumanager.schemas import EndReason, StartReason, ThermalSeverity
+from npumanager.schemas.limits import WORK_DURATION_BUCKETS_S
+from npumanager.telemetry.base import EventSink
+from npumanager.telemetry.events import (
+    DeviceSample,
+    ModelLoadRequested,
+    ModelLoadState,
+    ModelLoadStateChanged,
+)
+from npumanager.vendor_drivers.simulated import check_int
+
+_US_PER_S = 1_000_000
+
+
+def _labels(enum: Any) -> dict[int, str]:
+    return {member.value: member.name.lower() for member in enum}
+
+
+class PrometheusSink(EventSink):
+    """Counts and gauges from the events; `exposition()` gives the text a scrape would."""
+
+    def __init__(self, port: int | None = None, *, addr: str = "127.0.0.1") -> None:
+        if not isinstance(addr, str):
+            raise IllegalArgumentError(f"addr must be a str; got {addr!r}")
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.work_events = Counter(
+            "npu_work_events", "Work lifecycle events", ["kind", "reason"], registry=r
+        )
+        self.work_duration = Histogram(
+            "npu_work_duration_seconds",
+            "From a work item's request to its final end",
+            ["reason"],
+            buckets=WORK_DURATION_BUCKETS_S,
+            registry=r,
+        )
+        self.model_loads = Counter(
+            "npu_model_load_requests",
+            "Model-load requests and their steps",
+            ["status"],
+            registry=r,
+        )
+        self.memory = Gauge("npu_weight_memory_bytes", "Weight memory used", ["device"], registry=r)
+        self.capacity = Gauge(
+            "npu_weight_memory_capacity_bytes", "Weight memory capacity", ["device"], registry=r
+        )
+        self.temperature = Gauge(
+            "npu_temperature_celsius", "Device temperature", ["device"], registry=r
+        )
+        self.severity = Gauge(
+            "npu_throttling_severity",
+            "Thermal throttling severity, 0 (NONE) to 6 (SHUTDOWN)",
+            ["device"],
+            registry=r,
+        )
+        self.busy = Gauge("npu_busy_channels", "Channels running work", ["device"], registry=r)
+        self._kinds = _labels(EventKind)
+        self._starts = _labels(StartReason)
+        self._ends = _labels(EndReason)
+        self._states = _labels(ModelLoadState)
+        self._began: dict[int, int] = {}
+        self._server: Any = None
+        self.port: int | None = None
+        """The port the metrics are served on (the one bound when 0 was asked), or None."""
+        if port is not None:
+            port = check_int("port", port, 0, 65535)
+            self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
+            self.port = int(self._server.server_port)
+
+    def on_model_load_requested(self, event: ModelLoadRequested) -> None:
+        """Counted as status `requested`."""
+        self.model_loads.labels("requested").inc()
+
+    def on_model_load_state_changed(self, event: ModelLoadStateChanged) -> None:
+        """Counted under the state's name."""
+        self.model_loads.labels(self._states[event.state]).inc()
+
+    def on_work(self, event: WorkEvent) -> None:
+        """Counted by kind and reason; a final ENDED also gives a duration."""
+        kind = event.kind
+        if kind == EventKind.REQUESTED:
+            reason = "none"
+            self._began[event.id] = event.time_us
+        elif kind == EventKind.STARTED:
+            reason = self._starts[event.reason]
+            self._began.setdefault(event.id, event.time_us)
+        else:
+            reason = self._ends[event.reason] if event.reason != NO_REASON else "none"
+            if event.reason != EndReason.PAUSED:
+                began = self._began.pop(event.id, None)
+                if began is not None:
+                    seconds = (event.time_us - began) / _US_PER_S
+                    self.work_duration.labels(reason).observe(seconds)
+        self.work_events.labels(self._kinds[kind], reason).inc()
+
+    def on_device_sample(self, sample: DeviceSample) -> None:
+        """The device's gauges."""
+        device = str(sample.device)
+        self.memory.labels(device).set(sample.weight_memory_used_bytes)
+        self.capacity.labels(device).set(sample.weight_memory_bytes)
+        self.temperature.labels(device).set(sample.temperature_mc / 1000)
+        self.severity.labels(device).set(int(ThermalSeverity(sample.severity)))
+        self.busy.labels(device).set(sample.busy_channels)
+
+    def exposition(self) -> str:
+        """The Prometheus text format of every metric now."""
+        return generate_latest(self.registry).decode("utf-8")
+
+    def close(self) -> None:
+        """Stop serving."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
