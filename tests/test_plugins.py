@@ -151,7 +151,9 @@ def test_load_list_allows_only_named_third_parties(
 
 def test_unknown_name_lists_what_is_available() -> None:
     registry = load_plugins()
-    with pytest.raises(UnknownPluginError, match=r"unknown sink 'nope'; available: jsonl, memory, perfetto"):
+    with pytest.raises(
+        UnknownPluginError, match=r"unknown sink 'nope'; available: jsonl, memory, perfetto"
+    ):
         registry.sink("nope")
     with pytest.raises(LookupError, match="unknown driver"):
         registry.driver("nope")

@@ -20,16 +20,24 @@ from npumanager.core.hookspecs import hookimpl
 from npumanager.core.lease import AsyncLease, Lease, LeaseEndedError
 from npumanager.core.plugins import PluginRegistry, load_plugins
 from npumanager.core.service import Service
+from npumanager.daemon.client import DaemonClient, connect
 from npumanager.errors import (
     CapacityError,
     ConfigError,
+    DaemonError,
+    DaemonUnavailableError,
+    DuplicateRequestError,
     IllegalArgumentError,
     NpuManagerError,
+    NpuPermissionError,
     PluginError,
     PluginWarning,
+    PolicyParamsError,
+    RequestStateError,
     UnknownDeviceError,
     UnknownModelError,
     UnknownPluginError,
+    UnknownRequestError,
     UnknownWorkError,
 )
 from npumanager.schemas import *  # noqa: F403
@@ -60,7 +68,11 @@ __all__ = [  # noqa: PLE0604
     "BatchCallback",
     "CapacityError",
     "ConfigError",
+    "DaemonClient",
+    "DaemonError",
+    "DaemonUnavailableError",
     "DeviceDescription",
+    "DuplicateRequestError",
     "DeviceSample",
     "DeviceSpec",
     "DeviceStatus",
@@ -80,10 +92,13 @@ __all__ = [  # noqa: PLE0604
     "NpuManager",
     "Service",
     "NpuManagerError",
+    "NpuPermissionError",
     "PluginError",
     "PluginRegistry",
     "PluginWarning",
+    "PolicyParamsError",
     "ReferenceEngine",
+    "RequestStateError",
     "SchedulingCallback",
     "SimulatedDriver",
     "Sink",
@@ -94,9 +109,11 @@ __all__ = [  # noqa: PLE0604
     "UnknownDeviceError",
     "UnknownModelError",
     "UnknownPluginError",
+    "UnknownRequestError",
     "UnknownWorkError",
     "WorkEvent",
     "__version__",
+    "connect",
     "hookimpl",
     "load_plugins",
 ]

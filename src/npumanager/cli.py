@@ -17,9 +17,11 @@ from typing import Any, TextIO
 from npumanager import __version__
 from npumanager.core.config import LoadedConfig, load_config
 from npumanager.core.plugins import PluginRegistry, Registration, load_plugins
+from npumanager.daemon.commands import register as register_daemon_commands
 from npumanager.errors import NpuManagerError, PluginWarning
 from npumanager.schemas import SCHEMA_MODELS, DriverRecord
 from npumanager.simulation import commands as simulation_commands
+from npumanager.tables import format_table
 
 PROG = "npu-manager"
 EXIT_USAGE = 2
@@ -50,15 +52,6 @@ class _Context:
             for warning in caught:
                 print(f"{PROG}: warning: {warning.message}", file=self.err)
         return self._registry
-
-
-def _table(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> str:
-    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=False)]
-    lines = [headers, ["-" * w for w in widths], *rows]
-    return "\n".join(
-        "  ".join(str(cell).ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in lines
-    )
 
 
 def _capabilities(registration: Registration) -> str:
@@ -104,18 +97,18 @@ def cmd_plugins(ctx: _Context) -> int:
         [r["kind"], r["name"], r["distribution"], r["version"], ",".join(r["capabilities"]) or "-"]
         for r in rows
     ]
-    print(_table(body, headers), file=ctx.out)
+    print(format_table(body, headers), file=ctx.out)
     return 0
 
 
 def cmd_demo(ctx: _Context) -> int:
     """Play the demo scenario direct and managed, and show the difference."""
-    return simulation_commands.demo(ctx, _table, _demo_path())
+    return simulation_commands.demo(ctx, format_table, _demo_path())
 
 
 def cmd_simulate(ctx: _Context) -> int:
     """Play a scenario file or a shipped scenario; --list names the shipped ones."""
-    return simulation_commands.simulate(ctx, _table)
+    return simulation_commands.simulate(ctx, format_table)
 
 
 def _demo_path() -> Path:
@@ -157,7 +150,7 @@ def cmd_vts(ctx: _Context) -> int:
         )
     else:
         rows_ = [[r.name, r.outcome, r.detail] for r in results]
-        print(_table(rows_, ["TEST", "RESULT", "DETAIL"]), file=ctx.out)
+        print(format_table(rows_, ["TEST", "RESULT", "DETAIL"]), file=ctx.out)
         counts = {o: sum(r.outcome == o for r in results) for o in ("PASS", "FAIL", "SKIP")}
         summary = ", ".join(f"{n} {o.lower()}" for o, n in counts.items())
         print(f"\ndriver {name}: {summary}", file=ctx.out)
@@ -185,7 +178,7 @@ def cmd_config(ctx: _Context) -> int:
     state = "" if loaded.file_found else " (not found; defaults apply)"
     print(f"config file: {loaded.path}{state}", file=ctx.out)
     body = [[key, _show(value), source] for key, value, source in rows]
-    print(_table(body, ["KEY", "VALUE", "SOURCE"]), file=ctx.out)
+    print(format_table(body, ["KEY", "VALUE", "SOURCE"]), file=ctx.out)
     return 0
 
 
@@ -244,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     vts.add_argument(
         "-v", "--verbose", action="store_true", help="print pytest's output when a test fails"
     )
+    register_daemon_commands(add)
     return parser
 
 

@@ -73,3 +73,11 @@ class FeatureNotDeclaredError(NpuPermissionError):
 
 class FeatureWarning(UserWarning):
     """A client used the NPU without declaring the feature (the platform's uses-feature)."""
+
+
+class DaemonUnavailableError(NpuManagerError, ConnectionError):
+    """No daemon answers on the socket, or it closed the connection."""
+
+
+class DaemonError(NpuManagerError):
+    """The daemon refused a frame or failed a call for a reason no other error names."""

@@ -107,6 +107,7 @@ class Arbiter:
         self._priority: dict[int, int] = {}
         self._last_completed: dict[int, int] = {}
         self._configs: dict[int, SchedulingConfig] = {}
+        self._access: dict[int, tuple[bool, bool]] = {}
         self._deadlines: list[tuple[int, int, RequestKey]] = []
         self._thermal: dict[int, ThermalSeverity] = {}
         self._thermal_max = ThermalSeverity.NONE
@@ -201,6 +202,38 @@ class Arbiter:
         if self.rank(uid) != old_rank:
             self._policy.rank_changed(uid, old_rank)
             self._policy.reevaluate()
+        return self._finish()
+
+    def set_access(
+        self,
+        now_ms: int,
+        uid: int,
+        *,
+        has_direct_access: bool | None = None,
+        can_attribute_other_uid: bool | None = None,
+    ) -> list[Action]:
+        """Override what a uid's scheduling config allows; None keeps the current value.
+
+        Root and the system uid keep direct access and attribution whatever is asked.
+        """
+        uid = _uid(uid)
+        for name, value in (
+            ("has_direct_access", has_direct_access),
+            ("can_attribute_other_uid", can_attribute_other_uid),
+        ):
+            if value is not None and not isinstance(value, bool):
+                raise IllegalArgumentError(f"{name} must be true, false or None; got {value!r}")
+        if uid in _PINNED:
+            return []
+        current = self.scheduling_config(uid)
+        self._begin(now_ms)
+        self._access[uid] = (
+            current.has_direct_access if has_direct_access is None else has_direct_access,
+            current.can_attribute_other_uid
+            if can_attribute_other_uid is None
+            else can_attribute_other_uid,
+        )
+        self._relay([uid])
         return self._finish()
 
     def client_died(self, now_ms: int, client: int) -> list[Action]:
@@ -373,6 +406,10 @@ class Arbiter:
         """The last thermal severity given for the device."""
         return self._thermal.get(device, ThermalSeverity.NONE)
 
+    def scheduling_configs(self) -> list[SchedulingConfig]:
+        """Every config the driver holds, by uid."""
+        return [self._configs[uid] for uid in sorted(self._configs)]
+
     def scheduling_config(self, uid: int) -> SchedulingConfig:
         """The config the driver holds (or would hold) for the uid."""
         return self._configs.get(uid) or self._config_for(uid)
@@ -428,6 +465,11 @@ class Arbiter:
         yield from _PINNED
         yield from self.attribution_uids - _PINNED
         yield from (uid for uid in self._priority if uid not in self.attribution_uids)
+        yield from (
+            uid
+            for uid in self._access
+            if uid not in self._priority and uid not in self.attribution_uids
+        )
 
     def _config_for(self, uid: int) -> SchedulingConfig:
         priority = self.uid_priority(uid)
@@ -436,13 +478,14 @@ class Arbiter:
             MIN_PRIORITY,
             MAX_PRIORITY,
         )
+        direct, attribute = self._access.get(uid, (True, uid in self.attribution_uids))
         return SchedulingConfig(
             uid=uid,
             app_priority=app,
             min_priority=low,
             max_priority=high,
-            has_direct_access=True,
-            can_attribute_other_uid=uid in self.attribution_uids,
+            has_direct_access=direct,
+            can_attribute_other_uid=attribute,
         )
 
     def _relay(self, uids: Iterable[int]) -> None:

@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from npumanager.core.dispatch import ExecutorLike
+from npumanager.core.dispatch import ExecutorLike, check_executor
 from npumanager.schemas import (
     ModelLoadRequest,
     ModelLoadRequestStatus,
@@ -144,7 +144,10 @@ class NpuManager:
 
         `weight_bytes`, if known, lets capacity-aware policies count real bytes.
         """
-        self._service._request(self, request, callback, executor, weight_bytes)
+        if not isinstance(request, ModelLoadRequest):
+            raise TypeError(f"request must be a ModelLoadRequest; got {type(request).__name__}")
+        check_callback(callback)
+        self._service._request(self, request, callback, check_executor(executor), weight_bytes)
 
     def cancel_model_load(self, request: ModelLoadRequest) -> None:
         """Withdraw a live request of this client; it completes (CANCELLED or COMPLETE)."""
@@ -155,6 +158,16 @@ class NpuManager:
     ) -> None:
         """Swap the model-loading policy; needs the management permission."""
         self._service._set_policy_as(self, policy, params)
+
+    def close(self) -> None:
+        """Leave the service: this client's live requests end as if it had died."""
+        self._service._close_client(self)
+
+    def __enter__(self) -> NpuManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def declare_feature(self) -> None:
         """Declare use of the NPU feature (the platform's `uses-feature`)."""

@@ -42,14 +42,12 @@ from npumanager.core.client import (
     LoadedModel,
     ModelLoadRequestCallback,
     NpuManager,
-    check_callback,
     takes_reason,
 )
 from npumanager.core.dispatch import (
     DeliveryStats,
     ExecutorLike,
     SerialQueue,
-    check_executor,
     run_inline,
 )
 from npumanager.core.driver import DriverBase
@@ -231,9 +229,32 @@ class Service:
             self.policy_name = name
         self._act(lambda now: self.arbiter.set_policy(now, policy_object))
 
+    def set_uid_access(
+        self,
+        uid: int,
+        *,
+        has_direct_access: bool | None = None,
+        can_attribute_other_uid: bool | None = None,
+    ) -> None:
+        """Override what a uid's scheduling config allows (None keeps a value as it is)."""
+        self._act(
+            lambda now: self.arbiter.set_access(
+                now,
+                uid,
+                has_direct_access=has_direct_access,
+                can_attribute_other_uid=can_attribute_other_uid,
+            )
+        )
+
     def client_died(self, manager: NpuManager) -> None:
         """A client went away: its requests end and its share is freed."""
         self._act(lambda now: self.arbiter.client_died(now, manager.client))
+
+    def _close_client(self, manager: NpuManager) -> None:
+        with self._lock:
+            if self._closed:
+                return
+        self.client_died(manager)
 
     def add_listener(self, listener: EventListener) -> None:
         """Receive every raw work event, in batches, as the driver reports them."""
@@ -303,6 +324,13 @@ class Service:
             return int(self.driver.now_us) // 1000
         return time.monotonic_ns() // 1_000_000
 
+    def snapshot(self) -> dict[str, Any]:
+        """What the service holds now, as plain data: policy, configs, requests, devices."""
+        from npumanager.core.snapshot import build_snapshot
+
+        with self._lock:
+            return build_snapshot(self)
+
     @property
     def callback_errors(self) -> int:
         """Client callbacks that raised (logged, isolated)."""
@@ -322,10 +350,6 @@ class Service:
         executor: ExecutorLike | None,
         weight_bytes: int | None,
     ) -> None:
-        if not isinstance(request, ModelLoadRequest):
-            raise TypeError(f"request must be a ModelLoadRequest; got {type(request).__name__}")
-        check_callback(callback)
-        executor = check_executor(executor)
         if weight_bytes is not None:
             weight_bytes = check_int("weight_bytes", weight_bytes, 0, 1 << 62)
         self._check_feature(manager)
@@ -421,7 +445,7 @@ class Service:
         if (
             original_uid is not None
             and original_uid != manager.uid
-            and manager.uid not in self.attribution_uids
+            and not self.arbiter.scheduling_config(manager.uid).can_attribute_other_uid
         ):
             raise NpuPermissionError(
                 f"uid {manager.uid} may not attribute work to uid {original_uid}"

@@ -65,6 +65,17 @@ MEMORY_PRESSURE_CRITICAL: Final = 2
 SIMULATION_HORIZON_US: Final = 1 << 62
 """Virtual time never reaches this: the simulated drivers' "never" and their clock limit."""
 
+PROTOCOL_VERSION: Final = 1
+"""The daemon's wire protocol version; a hello with another version is refused."""
+MAX_FRAME_BYTES: Final = 1 << 20
+"""The largest frame body the daemon or a client accepts."""
+FRAME_HEADER_BYTES: Final = 4
+"""Every frame starts with its body's length as a big-endian unsigned 32-bit int."""
+MAX_OUTBOX_BYTES: Final = 8 << 20
+"""Bytes the daemon queues for a client that does not read before it drops the client."""
+SOCKET_MODE: Final = 0o660
+"""The daemon's socket: read and write for its owner and group only."""
+
 DEFAULT_SINK_QUEUE_EVENTS: Final = 1 << 16
 """Events a sink's queue holds before new batches are dropped (real time) or handed over."""
 MAX_SINK_QUEUE_EVENTS: Final = 1 << 26

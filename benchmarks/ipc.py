@@ -1,0 +1,281 @@
+"""The daemon's request-to-decision round trip against a raw Unix-socket echo, same run.
+
+* echo: a separate process runs the plainest Python echo server (blocking `recv` and
+  `sendall`); the client sends a frame the size of a request and waits for it back.
+* rpc: `npu-manager serve` (status quo policy, vnpu on the real clock) in a separate
+  process; the client calls `request_can_load_model` and the time runs until its
+  `on_can_load_model` is called. The callback runs on the connection's reader thread
+  (an inline executor), so this is the protocol's cost; `rpc_dispatch_*` is the same
+  with the default executor, one more thread hop to the dispatcher. Each request is
+  cancelled before the next (not timed).
+
+Rounds alternate echo and rpc so both see the same machine; figures are medians over
+rounds of per-round percentiles.
+
+* death: under turn taking, a holder process is killed with SIGKILL while this process
+  waits; the time from the kill until this process's `on_can_load_model(CAN_LOAD_NOW)`
+  (target: within 100 ms).
+
+Usage: python benchmarks/ipc.py [--json] [--samples N] [--rounds R] [--deaths D]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import npumanager as npu
+from npumanager.core.dispatch import run_inline
+from npumanager.daemon import protocol as wire
+
+_ECHO_FRAME_BYTES = len(
+    wire.encode(
+        wire.RequestCanLoad(
+            seq=1, request=npu.ModelLoadRequest.Builder(1).build(), uses_feature=True
+        )
+    )
+)
+
+
+def _echo_server(path: str, ready: Any) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    ready.set()
+    conn, _ = listener.accept()
+    while True:
+        data = conn.recv(65536)
+        if not data:
+            return
+        conn.sendall(data)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def echo_round(sock: socket.socket, samples: int) -> list[float]:
+    """Round trips of one request-sized frame through the echo server, in microseconds."""
+    frame = b"x" * _ECHO_FRAME_BYTES
+    out = []
+    for _ in range(samples):
+        start = time.perf_counter_ns()
+        sock.sendall(frame)
+        got = 0
+        while got < len(frame):
+            got += len(sock.recv(65536))
+        out.append((time.perf_counter_ns() - start) / 1000)
+    return out
+
+
+class _Timed(npu.ModelLoadRequestCallback):
+    def __init__(self) -> None:
+        self.decided = threading.Event()
+        self.at = 0
+
+    def on_can_load_model(self, request: Any, status: Any, listener: Any) -> None:
+        self.at = time.perf_counter_ns()
+        self.decided.set()
+
+
+def rpc_round(
+    manager: npu.NpuManager, samples: int, first_id: int, executor: Callable[..., Any] | None
+) -> list[float]:
+    """Request-to-decision times through the daemon, in microseconds."""
+    out = []
+    for i in range(samples):
+        request = npu.ModelLoadRequest.Builder(first_id + i).build()
+        callback = _Timed()
+        start = time.perf_counter_ns()
+        manager.request_can_load_model(request, callback, executor)
+        callback.decided.wait(10)
+        out.append((callback.at - start) / 1000)
+        manager.cancel_model_load(request)
+    return out
+
+
+_HOLDER = """
+import sys, time, npumanager as npu
+m = npu.connect(sys.argv[1], uses_feature=True)
+class Hold(npu.ModelLoadRequestCallback):
+    def on_can_load_model(self, request, status, listener):
+        m.load_model(request, weight_bytes=1 << 20)
+        listener.notify_model_loaded(request)
+        print("held", flush=True)
+m.request_can_load_model(npu.ModelLoadRequest.Builder(1).build(), Hold())
+time.sleep(3600)
+"""
+
+
+class _Granted(npu.ModelLoadRequestCallback):
+    def __init__(self) -> None:
+        self.granted = threading.Event()
+        self.at = 0
+
+    def on_can_load_model(self, request: Any, status: Any, listener: Any) -> None:
+        if status == npu.NPU_MODEL_LOAD_STATUS_CAN_LOAD_NOW:
+            self.at = time.monotonic_ns()
+            self.granted.set()
+
+
+def death_to_grant_ms(path: Path, trials: int) -> list[float]:
+    """Kill a holder with SIGKILL; milliseconds until the waiter is told CAN_LOAD_NOW."""
+    out = []
+    manager = npu.connect(path, uses_feature=True)
+    for trial in range(trials):
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _HOLDER, str(path)], stdout=subprocess.PIPE, text=True
+        )
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        request = npu.ModelLoadRequest.Builder(trial).build()
+        waiter = _Granted()
+        manager.request_can_load_model(request, waiter, run_inline)
+        time.sleep(0.05)
+        assert not waiter.granted.is_set(), "the waiter was granted while the holder held"
+        killed = time.monotonic_ns()
+        holder.kill()
+        if not waiter.granted.wait(10):
+            raise SystemExit("the waiter was never granted after the holder died")
+        out.append((waiter.at - killed) / 1e6)
+        holder.wait()
+        manager.load_model(request, weight_bytes=1 << 20)
+        manager.listener.notify_model_unloaded(request)
+    manager.close()
+    return out
+
+
+def _wait_for(path: Path, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the daemon exited early: {process.stderr.read().decode()}")  # type: ignore[union-attr]
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+            return
+        except OSError:
+            time.sleep(0.05)
+        finally:
+            probe.close()
+    raise SystemExit("the daemon did not start listening within 30 s")
+
+
+def _serve(path: Path, *args: str) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "npumanager", "serve", "--socket", str(path)]
+    daemon = subprocess.Popen([*command, "--log-level", "warning", *args], stderr=subprocess.PIPE)
+    _wait_for(path, daemon)
+    return daemon
+
+
+def measure(samples: int, rounds: int, trials: int) -> dict[str, Any]:
+    """Run echo and rpc rounds in turn; medians of the per-round p50 and p99."""
+    with tempfile.TemporaryDirectory() as tmp:
+        echo_path = os.path.join(tmp, "echo.sock")
+        ready = multiprocessing.Event()
+        echo = multiprocessing.Process(target=_echo_server, args=(echo_path, ready), daemon=True)
+        echo.start()
+        ready.wait(10)
+        echo_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        echo_sock.connect(echo_path)
+
+        daemon_path = Path(tmp) / "npu.sock"
+        daemon = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "npumanager",
+                "serve",
+                "--socket",
+                str(daemon_path),
+                "--log-level",
+                "warning",
+            ],
+            stderr=subprocess.PIPE,
+        )
+        try:
+            _wait_for(daemon_path, daemon)
+            manager = npu.connect(daemon_path, uses_feature=True)
+            rows: dict[str, list[tuple[float, float]]] = {"echo": [], "rpc": [], "dispatch": []}
+            echo_round(echo_sock, samples)  # warm-up
+            rpc_round(manager, samples, 0, run_inline)
+            next_id = samples
+            for _ in range(rounds):
+                for name, figures in rows.items():
+                    if name == "echo":
+                        times = echo_round(echo_sock, samples)
+                    else:
+                        executor = run_inline if name == "rpc" else None
+                        times = rpc_round(manager, samples, next_id, executor)
+                        next_id += samples
+                    figures.append((_percentile(times, 0.5), _percentile(times, 0.99)))
+            manager.close()
+        finally:
+            daemon.terminate()
+            daemon.wait(10)
+            echo_sock.close()
+            echo.terminate()
+        turn_path = Path(tmp) / "turn.sock"
+        daemon = _serve(turn_path, "--policy", "turn_taking")
+        try:
+            deaths = death_to_grant_ms(turn_path, trials)
+        finally:
+            daemon.terminate()
+            daemon.wait(10)
+
+    def med(name: str, index: int) -> float:
+        return round(statistics.median(r[index] for r in rows[name]), 1)
+
+    result: dict[str, Any] = {
+        "samples_per_round": samples,
+        "rounds": rounds,
+        "frame_bytes": _ECHO_FRAME_BYTES,
+        "echo_p50_us": med("echo", 0),
+        "echo_p99_us": med("echo", 1),
+        "rpc_p50_us": med("rpc", 0),
+        "rpc_p99_us": med("rpc", 1),
+        "rpc_dispatch_p50_us": med("dispatch", 0),
+        "rpc_dispatch_p99_us": med("dispatch", 1),
+    }
+    result["p50_ratio"] = round(result["rpc_p50_us"] / result["echo_p50_us"], 2)
+    result["p99_ratio"] = round(result["rpc_p99_us"] / result["echo_p99_us"], 2)
+    result["p50_target_met"] = result["p50_ratio"] <= 2.5
+    result["p99_target_met"] = result["p99_ratio"] <= 4.0
+    result["death_trials"] = trials
+    result["death_to_grant_p50_ms"] = round(statistics.median(deaths), 2)
+    result["death_to_grant_max_ms"] = round(max(deaths), 2)
+    result["death_target_met"] = max(deaths) <= 100
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the figures, as JSON with `--json`, else one per line."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--samples", type=int, default=2000, help="round trips per round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of each kind")
+    parser.add_argument("--deaths", type=int, default=20, help="kill -9 trials")
+    args = parser.parse_args(argv)
+    result = measure(args.samples, args.rounds, args.deaths)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:24} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

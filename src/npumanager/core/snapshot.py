@@ -1,0 +1,65 @@
+"""A service's state as plain JSON-ready data, for `npu-manager info` and for tests."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from npumanager.core.actions import RequestState
+
+if TYPE_CHECKING:
+    from npumanager.core.service import Service
+
+
+def build_snapshot(service: Service) -> dict[str, Any]:
+    """Policy and parameters, configs by uid, live requests by state, and every device."""
+    arbiter = service.arbiter
+    policy = arbiter.policy
+    params = policy.params.model_dump(mode="json") if policy.params is not None else {}
+    by_state: dict[str, list[dict[str, Any]]] = {state.value: [] for state in RequestState}
+    for info in arbiter.requests():
+        by_state[info.state.value].append(
+            {
+                "client": info.key.client,
+                "uid": info.uid,
+                "id": info.request.id,
+                "size": info.request.size.name,
+                "priority": info.request.priority.name,
+                "weight": info.weight,
+                "weight_bytes": info.weight_bytes,
+                "device": info.device,
+            }
+        )
+    return {
+        "policy": {"name": service.policy_name, "params": params},
+        "priorities": [
+            {
+                "uid": config.uid,
+                "priority": config.app_priority,
+                "min_priority": config.min_priority,
+                "max_priority": config.max_priority,
+                "has_direct_access": config.has_direct_access,
+                "can_attribute_other_uid": config.can_attribute_other_uid,
+            }
+            for config in arbiter.scheduling_configs()
+        ],
+        "requests": by_state,
+        "devices": [_device(service, device) for device in range(service.driver.device_count)],
+        "memory_pressure": arbiter.memory_pressure,
+        "callback_errors": service.callback_errors,
+    }
+
+
+def _device(service: Service, number: int) -> dict[str, Any]:
+    status = service.driver.device_state(number)
+    return {
+        "device": number,
+        "weight_memory_bytes": status.weight_memory_bytes,
+        "weight_memory_used_bytes": status.weight_memory_used_bytes,
+        "models_loaded": status.models_loaded,
+        "queue_depth": status.queue_depth,
+        "running": sum(work >= 0 for work in status.running),
+        "channels": len(status.running),
+        "temperature_c": status.temperature_mc / 1000,
+        "severity": status.severity.name,
+        "shutdown": status.shutdown,
+    }

@@ -1,0 +1,452 @@
+"""The client side of the daemon: `connect()` gives an `NpuManager` that talks over the socket.
+
+One `DaemonClient` is one connection, one client of the service, one `NpuManager`. Calls
+are synchronous: each waits for its reply and raises the daemon's error as the same
+exception class the in-process service raises. Decisions arrive on a reader thread and
+are delivered to each request's callback on its executor, in order, exactly as in process
+(the default executor is one dispatcher thread per connection).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import socket
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from npumanager import errors
+from npumanager.core.client import (
+    LoadedModel,
+    ModelLoadRequestCallback,
+    NpuManager,
+    takes_reason,
+)
+from npumanager.core.dispatch import DeliveryStats, ExecutorLike, SerialQueue
+from npumanager.daemon import protocol as p
+from npumanager.daemon.peer import default_socket_path
+from npumanager.errors import DaemonError, DaemonUnavailableError
+from npumanager.schemas import (
+    ModelLoadRequest,
+    ModelLoadRequestStatus,
+    ModelLoadStatus,
+    ModelPolicy,
+    NpuUuid,
+    UnloadReason,
+)
+from npumanager.schemas.limits import PROTOCOL_VERSION
+from npumanager.vendor_drivers.simulated import group_bytes
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CALL_TIMEOUT_S = 30.0
+_RECV_BYTES = 1 << 16
+_ERRORS: dict[str, type[Exception]] = {
+    name: value
+    for name, value in vars(errors).items()
+    if isinstance(value, type) and issubclass(value, errors.NpuManagerError)
+}
+_ERRORS.update(
+    TypeError=TypeError, ValueError=ValueError, LookupError=LookupError, ProtocolError=DaemonError
+)
+
+
+@dataclass
+class _Remote:
+    """A live request of this connection, as the client keeps it."""
+
+    request: ModelLoadRequest
+    callback: ModelLoadRequestCallback
+    queue: SerialQueue
+    with_reason: bool
+
+
+class _Pending:
+    """One call waiting for its reply: a lock held until the reply is in."""
+
+    __slots__ = ("_lock", "error", "finished", "result")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self.finished = False
+        self.result: dict[str, Any] | None = None
+        self.error: Exception | None = None
+
+    def finish(self) -> None:
+        self.finished = True
+        self._lock.release()
+
+    def wait(self, timeout: float) -> bool:
+        return self._lock.acquire(timeout=timeout)
+
+
+def _unavailable(path: Path, exc: OSError) -> DaemonUnavailableError:
+    if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
+        return DaemonUnavailableError(
+            f"no npu-manager daemon is listening on {path} (start one with `npu-manager serve`)"
+        )
+    if isinstance(exc, PermissionError):
+        return DaemonUnavailableError(
+            f"permission denied on {path}: the socket admits its owner and group only"
+        )
+    return DaemonUnavailableError(f"cannot reach the daemon on {path}: {exc.strerror or exc}")
+
+
+class DaemonClient:
+    """One connection to the daemon; `manager()` is its `NpuManager`."""
+
+    clock = "real"
+
+    def __init__(
+        self,
+        socket_path: str | Path | None = None,
+        *,
+        uses_feature: bool = False,
+        timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+    ) -> None:
+        self.socket_path = Path(socket_path) if socket_path is not None else default_socket_path()
+        self.timeout_s = timeout_s
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.settimeout(timeout_s)
+            sock.connect(str(self.socket_path))
+        except OSError as exc:
+            sock.close()
+            raise _unavailable(self.socket_path, exc) from None
+        self._sock = sock
+        self._send_lock = threading.Lock()
+        self._reader = p.FrameReader()
+        self._seq = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._remote: dict[int, _Remote] = {}
+        self._stats = DeliveryStats()
+        self._dispatcher: ThreadPoolExecutor | None = None
+        self._closed = False
+        self._lost: str | None = None
+        welcome = self._handshake(uses_feature)
+        self.uid = welcome.uid
+        self.pid = welcome.pid
+        self.gid = welcome.gid
+        self.daemon_pid = welcome.daemon_pid
+        self.may_manage = welcome.management
+        self._manager = NpuManager(self, 1, welcome.uid, welcome.pid, uses_feature)  # type: ignore[arg-type]
+        sock.settimeout(None)
+        self._thread = threading.Thread(target=self._read_forever, name="npu-client", daemon=True)
+        self._reader_ident: int | None = None
+        self._thread.start()
+
+    def _handshake(self, uses_feature: bool) -> p.Welcome:
+        self._send(p.Hello(version=PROTOCOL_VERSION, uses_feature=uses_feature))
+        while True:
+            try:
+                data = self._sock.recv(_RECV_BYTES)
+            except OSError as exc:
+                self._sock.close()
+                raise _unavailable(self.socket_path, exc) from None
+            if not data:
+                self._sock.close()
+                raise DaemonUnavailableError(
+                    f"the daemon on {self.socket_path} closed the connection"
+                )
+            for body in self._reader.feed(data):
+                message = p.parse_daemon(body)
+                if isinstance(message, p.Welcome):
+                    return message
+                if isinstance(message, p.Error):
+                    self._sock.close()
+                    raise DaemonError(f"the daemon refused the connection: {message.message}")
+
+    # Public -----------------------------------------------------------------------------
+
+    def manager(self) -> NpuManager:
+        """This connection's `NpuManager` (the same object every time)."""
+        return self._manager
+
+    def info(self) -> dict[str, Any]:
+        """The daemon's state: policy, priorities, requests by state, devices, clients."""
+        return self._call(p.Info) or {}
+
+    def set_policy(
+        self, policy: str | ModelPolicy | int, params: Mapping[str, Any] | None = None
+    ) -> str:
+        """Swap the daemon's policy (management permission); returns the policy now in force."""
+        name: str | int = policy if isinstance(policy, str) else int(policy)
+        result = self._call(
+            p.SetPolicy, policy=name, params=dict(params) if params is not None else None
+        )
+        return str((result or {}).get("policy", name))
+
+    def set_uid_importance(self, uid: int, importance: int) -> None:
+        """Set a uid's importance (management permission)."""
+        self._call(p.SetImportance, uid=uid, importance=int(importance))
+
+    def set_uid_access(
+        self,
+        uid: int,
+        *,
+        has_direct_access: bool | None = None,
+        can_attribute_other_uid: bool | None = None,
+    ) -> None:
+        """Override a uid's direct access or attribution (management permission)."""
+        self._call(
+            p.SetAccess,
+            uid=uid,
+            has_direct_access=has_direct_access,
+            can_attribute_other_uid=can_attribute_other_uid,
+        )
+
+    @property
+    def callback_errors(self) -> int:
+        """Callbacks of this connection that raised (logged, isolated)."""
+        return self._stats.failed
+
+    def close(self) -> None:
+        """Leave: the daemon ends this client's requests, as if it had died."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        if threading.get_ident() != self._reader_ident:
+            self._thread.join(timeout=5)
+        self._sock.close()
+        if self._dispatcher is not None:
+            self._dispatcher.shutdown(wait=False)
+
+    def __enter__(self) -> DaemonClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # What NpuManager calls --------------------------------------------------------------
+
+    def _close_client(self, _manager: NpuManager) -> None:
+        self.close()
+
+    def _request(
+        self,
+        manager: NpuManager,
+        request: ModelLoadRequest,
+        callback: ModelLoadRequestCallback,
+        executor: ExecutorLike | None,
+        weight_bytes: int | None,
+    ) -> None:
+        executor = executor or self._default_executor()
+        if request.id in self._remote:
+            raise errors.DuplicateRequestError(
+                f"request id {request.id} is already live for this client; ids may be "
+                "reused only after the request completes"
+            )
+        remote = _Remote(
+            request, callback, SerialQueue(executor, self._stats), takes_reason(callback)
+        )
+        self._remote[request.id] = remote
+        try:
+            self._call(
+                p.RequestCanLoad,
+                request=request,
+                weight_bytes=weight_bytes,
+                uses_feature=manager.uses_feature,
+            )
+        except BaseException:
+            if self._remote.get(request.id) is remote:
+                del self._remote[request.id]
+            raise
+
+    def _cancel(self, _manager: NpuManager, request: ModelLoadRequest) -> None:
+        self._call(p.CancelLoad, request_id=request.id)
+
+    def _notify_loaded(self, _manager: NpuManager, request: ModelLoadRequest) -> None:
+        self._call(p.NotifyLoaded, request_id=request.id)
+
+    def _notify_unloaded(self, _manager: NpuManager, request: ModelLoadRequest) -> None:
+        self._call(p.NotifyUnloaded, request_id=request.id)
+
+    def _set_policy_as(
+        self,
+        _manager: NpuManager,
+        policy: str | ModelPolicy | int,
+        params: Mapping[str, Any] | None,
+    ) -> None:
+        self.set_policy(policy, params)
+
+    def _load_model(
+        self, manager: NpuManager, request: ModelLoadRequest, weight_bytes: int, sram_bytes: int
+    ) -> LoadedModel:
+        result = self._call(
+            p.LoadModel, request_id=request.id, weight_bytes=weight_bytes, sram_bytes=sram_bytes
+        )
+        assert result is not None
+        return LoadedModel(manager, request, int(result["model"]), int(result["device"]))
+
+    def _submit(
+        self,
+        model: LoadedModel,
+        cost_cycles: int,
+        job_priority: int,
+        original_uid: int | None,
+        group_id: Any,
+        feature_id: str | None,
+    ) -> int:
+        raw = group_bytes(group_id)
+        result = self._call(
+            p.Submit,
+            model=model.handle,
+            cost_cycles=cost_cycles,
+            job_priority=job_priority,
+            original_uid=original_uid,
+            group_id=None if raw is None else NpuUuid(value=raw),
+            feature_id=feature_id,
+        )
+        assert result is not None
+        return int(result["work_id"])
+
+    def _cancel_work(self, model: LoadedModel, work_id: int) -> None:
+        self._call(p.CancelWork, model=model.handle, work_id=work_id)
+
+    # The wire ---------------------------------------------------------------------------
+
+    def _default_executor(self) -> ThreadPoolExecutor:
+        if self._dispatcher is None:
+            self._dispatcher = ThreadPoolExecutor(1, thread_name_prefix="npu-client-dispatch")
+        return self._dispatcher
+
+    def _send(self, message: p.WireModel) -> None:
+        frame = p.encode(message)
+        with self._send_lock:
+            self._sock.sendall(frame)
+
+    def _call(self, kind: type[p.Call], **fields: Any) -> dict[str, Any] | None:
+        """Send one call of this kind and wait for its reply; raise its error."""
+        if self._lost is not None:
+            raise DaemonUnavailableError(self._lost)
+        if self._closed:
+            raise DaemonUnavailableError("this connection to the daemon is closed")
+        seq = next(self._seq)
+        pending = _Pending()
+        self._pending[seq] = pending
+        try:
+            self._send(kind(seq=seq, **fields))
+        except OSError as exc:
+            self._pending.pop(seq, None)
+            raise DaemonUnavailableError(f"the daemon connection failed: {exc}") from None
+        if threading.get_ident() == self._reader_ident:
+            # A callback running on the reader thread: read the reply here.
+            while not pending.finished and self._pump():
+                pass
+        elif not pending.wait(self.timeout_s):
+            self._pending.pop(seq, None)
+            raise DaemonError(f"the daemon did not answer within {self.timeout_s:g} s")
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    def _read_forever(self) -> None:
+        self._reader_ident = threading.get_ident()
+        while self._pump():
+            pass
+
+    def _pump(self) -> bool:
+        """Read once and handle every complete frame; False once the connection is gone."""
+        if self._lost is not None:
+            return False
+        try:
+            data = self._sock.recv(_RECV_BYTES)
+        except OSError:
+            data = b""
+        if not data:
+            self._lose("the daemon closed the connection")
+            return False
+        try:
+            for body in self._reader.feed(data):
+                self._handle(p.parse_daemon(body))
+        except p.ProtocolError as exc:
+            log.error("the daemon sent a frame this client cannot read: %s", exc)
+            self._lose(f"the daemon sent an unreadable frame: {exc}")
+            return False
+        return True
+
+    def _lose(self, why: str) -> None:
+        if self._lost is None:
+            self._lost = why if not self._closed else "this connection to the daemon is closed"
+        for pending in list(self._pending.values()):
+            pending.error = DaemonUnavailableError(self._lost)
+            pending.finish()
+        self._pending.clear()
+
+    def _handle(self, message: Any) -> None:
+        if isinstance(message, p.Reply | p.Error) and message.seq is not None:
+            pending = self._pending.pop(message.seq, None)
+            if pending is None:
+                return
+            if isinstance(message, p.Error):
+                pending.error = _ERRORS.get(message.kind, DaemonError)(message.message)
+            else:
+                pending.result = message.result
+            pending.finish()
+        elif isinstance(message, p.Error):
+            log.error("the daemon is closing this connection: %s", message.message)
+            self._lose(f"the daemon closed the connection: {message.message}")
+        elif isinstance(message, p.Decision | p.UnloadAsked | p.Completed):
+            self._event(message)
+
+    def _event(self, message: p.Decision | p.UnloadAsked | p.Completed) -> None:
+        remote = self._remote.get(message.request_id)
+        if remote is None:
+            log.warning("an event for request %d, which is not live here", message.request_id)
+            return
+        if isinstance(message, p.Decision):
+            task = _decision(self._manager, remote, ModelLoadStatus(message.status))
+        elif isinstance(message, p.UnloadAsked):
+            reason = None if message.reason is None else UnloadReason(message.reason)
+            task = _unload(remote, reason)
+        else:
+            del self._remote[message.request_id]
+            task = _complete(remote, ModelLoadRequestStatus(message.status))
+        if remote.queue.put(task):
+            remote.queue.schedule()
+
+
+def _decision(manager: NpuManager, remote: _Remote, status: ModelLoadStatus) -> Any:
+    def task() -> None:
+        remote.callback.on_can_load_model(remote.request, status, manager.listener)
+
+    return task
+
+
+def _unload(remote: _Remote, reason: UnloadReason | None) -> Any:
+    def task() -> None:
+        if remote.with_reason:
+            remote.callback.on_request_unload_model(remote.request, reason)
+        else:
+            remote.callback.on_request_unload_model(remote.request)
+
+    return task
+
+
+def _complete(remote: _Remote, status: ModelLoadRequestStatus) -> Any:
+    def task() -> None:
+        remote.callback.on_model_load_request_complete(remote.request, status)
+
+    return task
+
+
+def connect(
+    socket_path: str | Path | None = None,
+    *,
+    uses_feature: bool = False,
+    timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+) -> NpuManager:
+    """An `NpuManager` served by the daemon on `socket_path` (default: the per-user socket).
+
+    The daemon knows the caller by the kernel's credentials of the connection. Close the
+    manager (or use it as a context manager) to leave; its requests then end.
+    """
+    return DaemonClient(socket_path, uses_feature=uses_feature, timeout_s=timeout_s).manager()

@@ -1,0 +1,578 @@
+"""The daemon: one `Service` shared by every process that connects to its Unix socket.
+
+One thread runs a selector loop over the listening socket, the clients' connections and
+a wake-up descriptor. Frames are handled on that thread; the service's deliveries for a
+connection are posted to it too, so every write to a client happens there, and a reply
+and the decision it caused leave in one send. A client is known by the kernel's
+credentials of its socket. When its connection closes, however it died, its requests end
+at once (its loaded work is cancelled, the policy re-evaluates).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import selectors
+import socket
+import stat
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from npumanager.core.client import LoadedModel, ModelLoadRequestCallback, NpuManager
+from npumanager.core.dispatch import Task
+from npumanager.core.service import Service
+from npumanager.daemon import protocol as p
+from npumanager.daemon.peer import PeerCredentials, answers, peer_credentials
+from npumanager.errors import (
+    DaemonError,
+    NpuManagerError,
+    NpuPermissionError,
+    UnknownModelError,
+    UnknownRequestError,
+)
+from npumanager.schemas import (
+    ModelLoadRequest,
+    ModelLoadRequestStatus,
+    ModelLoadStatus,
+    UnloadReason,
+)
+from npumanager.schemas.limits import (
+    MAX_OUTBOX_BYTES,
+    PROTOCOL_VERSION,
+    SOCKET_MODE,
+)
+
+log = logging.getLogger(__name__)
+
+_RECV_BYTES = 1 << 16
+_LISTEN_BACKLOG = 512
+
+
+class DaemonStats:
+    """Counters the daemon reports in `info`."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.accepted = 0
+        self.frames_in = 0
+        self.frames_out = 0
+        self.protocol_errors = 0
+        self.call_errors = 0
+        self.internal_errors = 0
+        self.dropped_slow = 0
+        self.deaths = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every counter, and the uptime in seconds."""
+        counters = {k: v for k, v in vars(self).items() if k != "started"}
+        return {"uptime_s": round(time.monotonic() - self.started, 3), **counters}
+
+
+class _Connection:
+    """One client: its socket, the kernel's word on who it is, and what it holds."""
+
+    def __init__(self, daemon: Daemon, sock: socket.socket, peer: PeerCredentials) -> None:
+        self.daemon = daemon
+        self.sock = sock
+        self.peer = peer
+        self.reader = p.FrameReader()
+        self.outbox = bytearray()
+        self.manager: NpuManager | None = None
+        self.requests: dict[int, ModelLoadRequest] = {}
+        self.models: dict[int, LoadedModel] = {}
+        self.closed = False
+        self.writing = False
+        self.callback = _RemoteCallback(self)
+
+    def send(self, message: p.WireModel) -> None:
+        """Queue a message; it leaves at the end of the loop's turn."""
+        self.send_frame(p.encode(message))
+
+    def send_frame(self, frame: bytes) -> None:
+        """Queue an encoded frame; it leaves at the end of the loop's turn."""
+        if self.closed:
+            return
+        self.outbox += frame
+        self.daemon.stats.frames_out += 1
+        if len(self.outbox) > MAX_OUTBOX_BYTES:
+            self.daemon.stats.dropped_slow += 1
+            log.warning(
+                "dropping uid %d pid %d: it left %d bytes unread (limit %d)",
+                self.peer.uid,
+                self.peer.pid,
+                len(self.outbox),
+                MAX_OUTBOX_BYTES,
+            )
+            self.daemon.drop(self)
+            return
+        self.daemon.dirty.add(self)
+
+
+class _RemoteCallback(ModelLoadRequestCallback):
+    """The service's callback for a remote request: each call becomes a frame."""
+
+    def __init__(self, connection: _Connection) -> None:
+        self._connection = connection
+
+    def on_can_load_model(self, request: ModelLoadRequest, status: ModelLoadStatus, _: Any) -> None:
+        self._connection.send_frame(p.decision_frame(request.id, int(status)))
+
+    def on_request_unload_model(
+        self, request: ModelLoadRequest, reason: UnloadReason | None = None
+    ) -> None:
+        code = None if reason is None else int(reason)
+        self._connection.send_frame(p.unload_frame(request.id, code))
+
+    def on_model_load_request_complete(
+        self, request: ModelLoadRequest, status: ModelLoadRequestStatus
+    ) -> None:
+        connection = self._connection
+        connection.requests.pop(request.id, None)
+        for handle in [h for h, m in connection.models.items() if m.request.id == request.id]:
+            del connection.models[handle]
+        connection.send_frame(p.complete_frame(request.id, int(status)))
+
+
+class Daemon:
+    """Serves one `Service` on a Unix socket until `stop()`."""
+
+    def __init__(
+        self,
+        service: Service,
+        socket_path: Path,
+        *,
+        socket_group: int | None = None,
+        management_group: int | None = None,
+    ) -> None:
+        self.service = service
+        self.socket_path = Path(socket_path)
+        self.socket_group = socket_group
+        self.management_group = management_group
+        self.stats = DaemonStats()
+        self.dirty: set[_Connection] = set()
+        self._connections: dict[int, _Connection] = {}
+        self._ready: deque[Task] = deque()
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._listener: socket.socket | None = None
+        self._lock_fd: int | None = None
+        self._stopping = False
+        self._loop_thread: int | None = None
+        self._handlers: dict[type[p.WireModel], Callable[[_Connection, Any], dict[str, Any] | None]]
+        self._handlers = {
+            p.RequestCanLoad: self._on_request,
+            p.CancelLoad: self._on_cancel,
+            p.NotifyLoaded: self._on_loaded,
+            p.NotifyUnloaded: self._on_unloaded,
+            p.LoadModel: self._on_load_model,
+            p.Submit: self._on_submit,
+            p.CancelWork: self._on_cancel_work,
+            p.SetPolicy: self._on_set_policy,
+            p.SetImportance: self._on_set_importance,
+            p.SetAccess: self._on_set_access,
+            p.Info: self._on_info,
+        }
+
+    # Binding ----------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        """Take the socket path: refuse a live daemon, replace a stale socket, listen."""
+        path = self.socket_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _take_lock(path)
+        if path.exists() or path.is_symlink():
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                self._release_lock()
+                raise NpuManagerError(
+                    f"{path} exists and is not a socket; remove it or choose --socket"
+                )
+            if answers(path):
+                self._release_lock()
+                raise NpuManagerError(f"a daemon is already serving {path}")
+            log.info("replacing the stale socket %s", path)
+            path.unlink()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        old_umask = os.umask(0o777 & ~SOCKET_MODE)
+        try:
+            listener.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        os.chmod(path, SOCKET_MODE)
+        if self.socket_group is not None:
+            os.chown(path, -1, self.socket_group)
+        listener.listen(_LISTEN_BACKLOG)
+        listener.setblocking(False)
+        self._listener = listener
+        self._selector.register(listener, selectors.EVENT_READ, self._accept)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, self._woken)
+
+    # The loop ---------------------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        """Run until `stop()`, then close the service and every connection."""
+        if self._listener is None:
+            self.bind()
+        self._loop_thread = threading.get_ident()
+        select = self._selector.select
+        try:
+            while not self._stopping:
+                for key, mask in select():
+                    key.data(key.fileobj, mask)
+                self._turn()
+        finally:
+            self._shutdown()
+
+    def stop(self) -> None:
+        """Ask the loop to finish (safe from any thread and from a signal handler)."""
+        self._stopping = True
+        self._wake()
+
+    def post(self, task: Task) -> None:
+        """The executor of every remote request: run `task` on the loop thread."""
+        self._ready.append(task)
+        if threading.get_ident() != self._loop_thread:
+            self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"\0")
+
+    def _woken(self, _: Any, __: int) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+
+    def _run_ready(self) -> None:
+        ready = self._ready
+        while ready:
+            ready.popleft()()
+
+    def _turn(self) -> None:
+        """Run posted deliveries, then write what each connection has queued."""
+        self._run_ready()
+        while self.dirty:
+            connection = self.dirty.pop()
+            self._write(connection)
+
+    def _accept(self, listener: Any, _: int) -> None:
+        while True:
+            try:
+                sock, _address = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.warning("accept failed: %s", exc)
+                return
+            try:
+                peer = peer_credentials(sock)
+            except OSError as exc:
+                log.warning("no credentials for a new connection (%s); closing it", exc)
+                sock.close()
+                continue
+            sock.setblocking(False)
+            connection = _Connection(self, sock, peer)
+            self._connections[sock.fileno()] = connection
+            self._selector.register(sock, selectors.EVENT_READ, self._io)
+            self.stats.accepted += 1
+
+    def _io(self, sock: Any, mask: int) -> None:
+        connection = self._connections.get(sock.fileno())
+        if connection is None:
+            return
+        if mask & selectors.EVENT_WRITE:
+            self._write(connection)
+        if mask & selectors.EVENT_READ and not connection.closed:
+            self._read(connection)
+
+    def _read(self, connection: _Connection) -> None:
+        try:
+            data = connection.sock.recv(_RECV_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.drop(connection)
+            return
+        try:
+            for body in connection.reader.feed(data):
+                if connection.closed:
+                    return
+                self._frame(connection, body)
+        except p.ProtocolError as exc:
+            self._fatal(connection, str(exc))
+
+    def _write(self, connection: _Connection) -> None:
+        if connection.closed:
+            return
+        outbox = connection.outbox
+        try:
+            while outbox:
+                sent = connection.sock.send(outbox)
+                del outbox[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self.drop(connection)
+            return
+        wants_write = bool(outbox)
+        if wants_write != connection.writing:
+            connection.writing = wants_write
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if wants_write else 0)
+            self._selector.modify(connection.sock, events, self._io)
+
+    # Frames -----------------------------------------------------------------------------
+
+    def _frame(self, connection: _Connection, body: bytes) -> None:
+        self.stats.frames_in += 1
+        message = p.parse_client(body)
+        if isinstance(message, p.Hello):
+            self._hello(connection, message)
+            return
+        if connection.manager is None:
+            raise p.ProtocolError("the first frame of a connection must be a hello")
+        assert isinstance(message, p.Call)
+        seq = message.seq
+        try:
+            result = self._handlers[type(message)](connection, message)
+        except (NpuManagerError, TypeError, ValueError, LookupError, PermissionError) as exc:
+            self.stats.call_errors += 1
+            connection.send(p.Error(seq=seq, kind=type(exc).__name__, message=_clip(str(exc))))
+            return
+        except Exception as exc:
+            self.stats.internal_errors += 1
+            log.exception("internal error handling %s from uid %d", message.op, connection.peer.uid)
+            connection.send(p.Error(seq=seq, kind="DaemonError", message=_clip(repr(exc))))
+            return
+        # The call's own callbacks go first, as they run before an in-process call returns.
+        self._run_ready()
+        if result is None:
+            connection.send_frame(p.reply_frame(seq))
+        else:
+            connection.send(p.Reply(seq=seq, result=result))
+
+    def _hello(self, connection: _Connection, hello: p.Hello) -> None:
+        if connection.manager is not None:
+            raise p.ProtocolError("a connection says hello only once")
+        if hello.version != PROTOCOL_VERSION:
+            raise p.ProtocolError(
+                f"protocol version {hello.version} is not supported; this daemon speaks "
+                f"version {PROTOCOL_VERSION}"
+            )
+        peer = connection.peer
+        connection.manager = self.service.manager(
+            peer.uid, pid=peer.pid, uses_feature=hello.uses_feature
+        )
+        connection.send(
+            p.Welcome(
+                version=PROTOCOL_VERSION,
+                uid=peer.uid,
+                pid=peer.pid,
+                gid=peer.gid,
+                daemon_pid=os.getpid(),
+                management=self._may_manage(peer),
+            )
+        )
+
+    def _fatal(self, connection: _Connection, message: str) -> None:
+        self.stats.protocol_errors += 1
+        log.info("closing uid %d pid %d: %s", connection.peer.uid, connection.peer.pid, message)
+        connection.send(p.Error(kind="ProtocolError", message=_clip(message)))
+        self._write(connection)
+        self.drop(connection)
+
+    def drop(self, connection: _Connection) -> None:
+        """Forget a connection; the client's requests end as if it had died."""
+        if connection.closed:
+            return
+        connection.closed = True
+        self.dirty.discard(connection)
+        self._connections.pop(connection.sock.fileno(), None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(connection.sock)
+        connection.sock.close()
+        if connection.manager is not None:
+            self.stats.deaths += 1
+            connection.manager.close()
+        connection.models.clear()
+        connection.requests.clear()
+
+    # Calls ------------------------------------------------------------------------------
+
+    def _manager(self, connection: _Connection) -> NpuManager:
+        assert connection.manager is not None
+        return connection.manager
+
+    def _live(self, connection: _Connection, request_id: int) -> ModelLoadRequest:
+        request = connection.requests.get(request_id)
+        if request is None:
+            raise UnknownRequestError(f"request {request_id} is not a live request of this client")
+        return request
+
+    def _on_request(self, connection: _Connection, message: p.RequestCanLoad) -> None:
+        manager = self._manager(connection)
+        if message.uses_feature:
+            manager.declare_feature()
+        request = message.request
+        manager.request_can_load_model(
+            request, connection.callback, self.post, weight_bytes=message.weight_bytes
+        )
+        # Deliveries are posted to this thread, so the request is known before any arrives.
+        connection.requests[request.id] = request
+
+    def _on_cancel(self, connection: _Connection, message: p.CancelLoad) -> None:
+        self._manager(connection).cancel_model_load(self._live(connection, message.request_id))
+
+    def _on_loaded(self, connection: _Connection, message: p.NotifyLoaded) -> None:
+        request = self._live(connection, message.request_id)
+        self._manager(connection).listener.notify_model_loaded(request)
+
+    def _on_unloaded(self, connection: _Connection, message: p.NotifyUnloaded) -> None:
+        request = self._live(connection, message.request_id)
+        self._manager(connection).listener.notify_model_unloaded(request)
+
+    def _on_load_model(self, connection: _Connection, message: p.LoadModel) -> dict[str, Any]:
+        request = self._live(connection, message.request_id)
+        model = self._manager(connection).load_model(
+            request, weight_bytes=message.weight_bytes, sram_bytes=message.sram_bytes
+        )
+        connection.models[model.handle] = model
+        return {"model": model.handle, "device": model.device}
+
+    def _model(self, connection: _Connection, handle: int) -> LoadedModel:
+        model = connection.models.get(handle)
+        if model is None:
+            raise UnknownModelError(f"model {handle} is not loaded by this client")
+        return model
+
+    def _on_submit(self, connection: _Connection, message: p.Submit) -> dict[str, Any]:
+        work_id = self._model(connection, message.model).submit(
+            message.cost_cycles,
+            job_priority=message.job_priority,
+            original_uid=message.original_uid,
+            group_id=message.group_id,
+            feature_id=message.feature_id,
+        )
+        return {"work_id": work_id}
+
+    def _on_cancel_work(self, connection: _Connection, message: p.CancelWork) -> None:
+        self._model(connection, message.model).cancel(message.work_id)
+
+    def _may_manage(self, peer: PeerCredentials) -> bool:
+        return (
+            peer.uid == 0
+            or peer.uid == os.getuid()
+            or (self.management_group is not None and peer.in_group(self.management_group))
+        )
+
+    def _check_management(self, connection: _Connection, what: str) -> None:
+        if self._may_manage(connection.peer):
+            return
+        group = "" if self.management_group is None else f", or group {self.management_group}"
+        raise NpuPermissionError(
+            f"uid {connection.peer.uid} may not {what}: it needs the management permission "
+            f"(root, the daemon's uid {os.getuid()}{group})"
+        )
+
+    def _on_set_policy(self, connection: _Connection, message: p.SetPolicy) -> dict[str, Any]:
+        self._check_management(connection, "set the policy")
+        self.service.set_policy(message.policy, message.params)
+        return {"policy": self.service.policy_name}
+
+    def _on_set_importance(self, connection: _Connection, message: p.SetImportance) -> None:
+        self._check_management(connection, "set importances")
+        self.service.set_uid_importance(message.uid, message.importance)
+
+    def _on_set_access(self, connection: _Connection, message: p.SetAccess) -> None:
+        self._check_management(connection, "set scheduling configs")
+        self.service.set_uid_access(
+            message.uid,
+            has_direct_access=message.has_direct_access,
+            can_attribute_other_uid=message.can_attribute_other_uid,
+        )
+
+    def _on_info(self, _connection: _Connection, _message: p.Info) -> dict[str, Any]:
+        return self.describe()
+
+    def describe(self) -> dict[str, Any]:
+        """The service's snapshot with the daemon's own: socket, counters, connections."""
+        document = self.service.snapshot()
+        document["daemon"] = {
+            "pid": os.getpid(),
+            "socket": str(self.socket_path),
+            "protocol_version": PROTOCOL_VERSION,
+            "connections": len(self._connections),
+            **self.stats.as_dict(),
+        }
+        document["clients"] = [
+            {
+                "client": c.manager.client,
+                "uid": c.peer.uid,
+                "pid": c.peer.pid,
+                "requests": len(c.requests),
+                "models": len(c.models),
+            }
+            for c in self._connections.values()
+            if c.manager is not None
+        ]
+        return document
+
+    # Shutdown ---------------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        """Complete every live request, tell the clients, close everything."""
+        try:
+            self.service.close()
+        except Exception:
+            log.exception("closing the service failed")
+        self._turn()
+        for connection in list(self._connections.values()):
+            with contextlib.suppress(OSError):
+                connection.sock.setblocking(True)
+                connection.sock.settimeout(1.0)
+                connection.sock.sendall(connection.outbox)
+            connection.manager = None  # the service is closed; nothing more to tell it
+            self.drop(connection)
+        if self._listener is not None:
+            self._selector.unregister(self._listener)
+            self._listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+            self._listener = None
+        self._selector.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def _take_lock(path: Path) -> int:
+    """Hold `<socket>.lock` for the daemon's life; a second daemon on the path is refused."""
+    lock_path = path.with_name(path.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
+            raise NpuManagerError(f"a daemon is already serving {path}") from None
+        raise
+    return fd
+
+
+def _clip(text: str, limit: int = 4000) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+__all__ = ["Daemon", "DaemonError", "DaemonStats"]

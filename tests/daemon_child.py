@@ -1,0 +1,133 @@
+"""A client app in its own process, for the daemon tests, driven by JSON lines on stdin.
+
+Started as root, it imports what it needs, drops to the uid and groups it is given (as a
+daemon-launched app would be), connects, says `{"ready": {...}}` on stdout, then runs
+commands (one JSON object a line) and reports each result and every callback as a JSON
+line. Usage: daemon_child.py SOCKET UID GID [GROUP,...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import npumanager as npu
+import npumanager.core.lease
+import npumanager.core.snapshot
+
+_out_lock = threading.Lock()
+
+
+def say(**fields: Any) -> None:
+    with _out_lock:
+        sys.stdout.write(json.dumps(fields) + "\n")
+        sys.stdout.flush()
+
+
+class App(npu.ModelLoadRequestCallback):
+    """Reports every callback; unloads when asked if `auto_unload` is on."""
+
+    def __init__(self, manager: npu.NpuManager) -> None:
+        self.manager = manager
+        self.auto_unload = True
+        self.models: dict[int, npu.LoadedModel] = {}
+
+    def on_can_load_model(self, request: Any, status: Any, listener: Any) -> None:
+        say(event="decision", id=request.id, status=int(status), at_ns=time.monotonic_ns())
+
+    def on_request_unload_model(self, request: Any, reason: Any = None) -> None:
+        say(event="unload", id=request.id, reason=None if reason is None else int(reason))
+        if self.auto_unload:
+            self.models.pop(request.id, None)
+            try:
+                self.manager.listener.notify_model_unloaded(request)
+            except npu.NpuManagerError as exc:
+                say(event="unload_failed", id=request.id, error=type(exc).__name__)
+
+    def on_model_load_request_complete(self, request: Any, status: Any) -> None:
+        say(event="complete", id=request.id, status=int(status))
+
+
+def _request(body: dict[str, Any]) -> npu.ModelLoadRequest:
+    return (
+        npu.ModelLoadRequest.Builder(body["id"])
+        .set_size(body.get("size", 0))
+        .set_priority(body.get("priority", 0))
+        .build()
+    )
+
+
+def run(app: App, client: npu.DaemonClient, command: dict[str, Any]) -> Any:
+    manager = app.manager
+    op = command["op"]
+    if op == "request":
+        manager.request_can_load_model(
+            _request(command), app, weight_bytes=command.get("weight_bytes")
+        )
+        return None
+    if op == "load":
+        request = _request(command)
+        model = manager.load_model(request, weight_bytes=command["weight_bytes"])
+        manager.listener.notify_model_loaded(request)
+        app.models[request.id] = model
+        return {"model": model.handle, "device": model.device}
+    if op == "submit":
+        model = app.models[command["id"]]
+        return model.submit(
+            command.get("cost_cycles", 1000), original_uid=command.get("original_uid")
+        )
+    if op == "submit_to":
+        foreign = npu.LoadedModel(manager, _request(command), command["model"], 0)
+        return foreign.submit(1000)
+    if op == "unloaded":
+        manager.listener.notify_model_unloaded(_request(command))
+        return None
+    if op == "cancel":
+        manager.cancel_model_load(_request(command))
+        return None
+    if op == "auto_unload":
+        app.auto_unload = bool(command["on"])
+        return None
+    if op == "set_policy":
+        return client.set_policy(command["policy"], command.get("params"))
+    if op == "set_importance":
+        client.set_uid_importance(command["uid"], command["importance"])
+        return None
+    if op == "set_access":
+        client.set_uid_access(command["uid"], can_attribute_other_uid=command["attribute"])
+        return None
+    if op == "info":
+        return client.info()
+    raise ValueError(f"unknown op {op!r}")
+
+
+def main() -> None:
+    socket_path, uid, gid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    groups = [int(g) for g in sys.argv[4].split(",")] if len(sys.argv) > 4 and sys.argv[4] else []
+    os.setgroups(groups)
+    os.setgid(gid)
+    os.setuid(uid)
+    try:
+        client = npu.DaemonClient(socket_path, uses_feature=True)
+    except npu.NpuManagerError as exc:
+        say(connect_error=type(exc).__name__, message=str(exc))
+        return
+    app = App(client.manager())
+    say(ready={"uid": client.uid, "pid": client.pid, "os_pid": os.getpid(), "os_uid": os.getuid()})
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["op"] == "exit":
+            break
+        try:
+            say(reply=command["op"], result=run(app, client, command))
+        except Exception as exc:
+            say(reply=command["op"], error=type(exc).__name__, message=str(exc))
+    client.close()
+
+
+if __name__ == "__main__":
+    main()

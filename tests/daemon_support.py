@@ -1,0 +1,187 @@
+"""A daemon in a subprocess and client apps in their own processes, for the daemon tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from npumanager.daemon.peer import answers
+
+CHILD = Path(__file__).with_name("daemon_child.py")
+SOCKET_GID = 20000
+"""The group that owns the test daemon's socket; children in it may connect."""
+MANAGEMENT_GID = 20010
+FOREGROUND_UID = 20001
+BACKGROUND_UID = 20002
+OUTSIDER_UID = 20003
+
+Message = dict[str, Any]
+
+
+def serve_command(socket_path: Path, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "npumanager",
+        "serve",
+        "--socket",
+        str(socket_path),
+        "--log-level",
+        "debug",
+        *args,
+    ]
+
+
+class DaemonProcess:
+    """`npu-manager serve` as a subprocess, its stderr kept in a file."""
+
+    def __init__(self, directory: Path, *args: str, name: str = "npu.sock") -> None:
+        self.socket = directory / name
+        self.log_path = directory / f"{name}.log"
+        self._log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            serve_command(self.socket, *args), stderr=self._log, stdout=subprocess.DEVNULL
+        )
+        self.wait_ready()
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"the daemon exited early:\n{self.log()}")
+            if answers(self.socket):
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"the daemon did not listen within {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        code = self.process.wait(timeout)
+        self._log.close()
+        return code
+
+    def rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmRSS for the daemon")
+
+
+class Child:
+    """A client app in its own process with its own uid (see daemon_child.py)."""
+
+    def __init__(
+        self, socket_path: Path, uid: int, gid: int | None = None, groups: tuple[int, ...] = ()
+    ) -> None:
+        self.uid = uid
+        groups = groups or (SOCKET_GID,)
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                str(CHILD),
+                str(socket_path),
+                str(uid),
+                str(uid if gid is None else gid),
+                ",".join(map(str, groups)),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._messages: queue.Queue[Message | None] = queue.Queue()
+        self.seen: list[Message] = []
+        self._backlog: list[Message] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        self.hello = self.expect(lambda m: "ready" in m or "connect_error" in m, timeout=30)
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._messages.put(json.loads(line))
+        self._messages.put(None)
+
+    def _incoming(self, timeout: float) -> Iterator[Message]:
+        yield from list(self._backlog)
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                message = self._messages.get(timeout=remaining)
+            except queue.Empty:
+                return
+            if message is None:
+                self._messages.put(None)
+                return
+            self.seen.append(message)
+            self._backlog.append(message)
+            yield message
+
+    def expect(self, predicate: Callable[[Message], bool], timeout: float = 10) -> Message:
+        """The first message (old or new) that matches; it is consumed."""
+        for message in self._incoming(timeout):
+            if predicate(message):
+                self._backlog.remove(message)
+                return message
+        raise AssertionError(
+            f"uid {self.uid}: no matching message within {timeout} s; seen {self.seen}"
+        )
+
+    def event(self, kind: str, request_id: int, timeout: float = 10) -> Message:
+        return self.expect(lambda m: m.get("event") == kind and m.get("id") == request_id, timeout)
+
+    def send(self, op: str, timeout: float = 10, **fields: Any) -> Message:
+        """Run one command in the child; its reply (result or error)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+        self.process.stdin.flush()
+        return self.expect(lambda m: m.get("reply") == op, timeout)
+
+    def ok(self, op: str, **fields: Any) -> Any:
+        reply = self.send(op, **fields)
+        assert "error" not in reply, reply
+        return reply["result"]
+
+    def kill9(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                assert self.process.stdin is not None
+                self.process.stdin.write('{"op": "exit"}\n')
+                self.process.stdin.flush()
+                self.process.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait(10)
+
+
+def open_socket_dir(base: str = "/tmp") -> Path:
+    """A fresh directory every test uid may enter (pytest's own are private to root)."""
+    import tempfile
+
+    directory = Path(tempfile.mkdtemp(prefix="npu-daemon-", dir=base))
+    os.chmod(directory, 0o755)
+    return directory

@@ -1,0 +1,535 @@
+"""`npu-manager serve` with client apps in separate processes, each with its own real uid.
+
+The daemon runs as a subprocess (or, where a test must see the device's events, as a
+`Daemon` on a thread of the test process); every app is a child process that starts as
+root and drops to its uid before it connects, so who it is can only come from the kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import npumanager as npu
+from daemon_support import (
+    BACKGROUND_UID,
+    FOREGROUND_UID,
+    MANAGEMENT_GID,
+    OUTSIDER_UID,
+    SOCKET_GID,
+    Child,
+    DaemonProcess,
+    open_socket_dir,
+    serve_command,
+)
+from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.service import Service
+from npumanager.daemon.server import Daemon
+from npumanager.schemas import EndReason, ModelLoadRequestStatus, ModelLoadStatus, UnloadReason
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="giving client processes their own uids needs root"
+)
+GIB = 1 << 30
+BIG = npu.NPU_MODEL_SIZE_GREATER_THAN_2G
+CAN_LOAD_NOW = int(ModelLoadStatus.CAN_LOAD_NOW)
+WAIT_FOR_UNLOAD = int(ModelLoadStatus.WAIT_FOR_UNLOAD)
+COMPLETE = int(ModelLoadRequestStatus.COMPLETE)
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    directory = open_socket_dir()
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def start(socket_dir: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    daemons: list[DaemonProcess] = []
+    children: list[Child] = []
+
+    def start_daemon(*args: str) -> DaemonProcess:
+        daemon = DaemonProcess(socket_dir, "--socket-group", str(SOCKET_GID), *args)
+        daemon.children = children  # type: ignore[attr-defined]
+        daemons.append(daemon)
+        return daemon
+
+    yield start_daemon
+    for child in children:
+        child.close()
+    for daemon in daemons:
+        if daemon.alive:
+            assert daemon.stop() == 0, daemon.log()
+
+
+def child(daemon: DaemonProcess, uid: int, **kwargs: object) -> Child:
+    app = Child(daemon.socket, uid, **kwargs)  # type: ignore[arg-type]
+    daemon.children.append(app)  # type: ignore[attr-defined]
+    return app
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "npumanager", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+# The spec's flow, two processes, two uids ------------------------------------------------
+
+
+@needs_root
+@pytest.mark.parametrize("policy", ["turn_taking", "budget"])
+def test_foreground_app_waits_for_background_app_to_unload(
+    start: Callable[..., DaemonProcess], policy: str
+) -> None:
+    daemon = start("--policy", policy)
+    background = child(daemon, BACKGROUND_UID)
+    foreground = child(daemon, FOREGROUND_UID)
+    with npu.DaemonClient(daemon.socket) as admin:
+        admin.set_uid_importance(BACKGROUND_UID, npu.IMPORTANCE_CACHED)
+        admin.set_uid_importance(FOREGROUND_UID, npu.IMPORTANCE_FOREGROUND)
+
+    background.ok("auto_unload", on=False)
+    background.ok("request", id=1, size=BIG, weight_bytes=3 * GIB)
+    assert background.event("decision", 1)["status"] == CAN_LOAD_NOW
+    background.ok("load", id=1, size=BIG, weight_bytes=3 * GIB)
+
+    foreground.ok("request", id=1, size=BIG)
+    assert foreground.event("decision", 1)["status"] == WAIT_FOR_UNLOAD
+    asked = background.event("unload", 1)
+    assert asked["reason"] == int(UnloadReason.HIGHER_PRIORITY_REQUEST)
+    with pytest.raises(AssertionError):  # nothing more until the background app unloads
+        foreground.event("decision", 1, timeout=0.3)
+
+    background.ok("unloaded", id=1, size=BIG)
+    assert background.event("complete", 1)["status"] == COMPLETE
+    assert foreground.event("decision", 1)["status"] == CAN_LOAD_NOW
+
+
+@needs_root
+def test_identity_is_the_kernels_not_the_messages(start: Callable[..., DaemonProcess]) -> None:
+    daemon = start()
+    apps = [child(daemon, uid) for uid in (FOREGROUND_UID, BACKGROUND_UID)]
+    for app in apps:
+        ready = app.hello["ready"]
+        assert ready["uid"] == ready["os_uid"] == app.uid
+        assert ready["pid"] == ready["os_pid"] == app.process.pid
+    with npu.DaemonClient(daemon.socket) as admin:
+        assert admin.uid == os.getuid()
+        clients = {(c["uid"], c["pid"]) for c in admin.info()["clients"]}
+    assert {(a.uid, a.process.pid) for a in apps} <= clients
+
+    # A hello that names a uid is not this protocol: refused, connection closed.
+    reply = _raw_exchange(daemon.socket, [_frame({"op": "hello", "version": 1, "uid": 0})])
+    assert reply[0]["op"] == "error" and "uid" in reply[0]["message"]
+
+
+@needs_root
+def test_socket_admits_owner_and_group_only(start: Callable[..., DaemonProcess]) -> None:
+    daemon = start()
+    mode = daemon.socket.stat()
+    assert stat.S_ISSOCK(mode.st_mode)
+    assert stat.S_IMODE(mode.st_mode) == 0o660
+    assert mode.st_gid == SOCKET_GID
+    outsider = child(daemon, OUTSIDER_UID, groups=(OUTSIDER_UID,))
+    assert outsider.hello["connect_error"] == "DaemonUnavailableError"
+    assert "permission denied" in outsider.hello["message"]
+
+
+# Permissions --------------------------------------------------------------------------
+
+
+@needs_root
+def test_management_calls_need_the_permission(start: Callable[..., DaemonProcess]) -> None:
+    daemon = start("--policy", "budget", "--management-group", str(MANAGEMENT_GID))
+    app = child(daemon, FOREGROUND_UID)
+    for op, fields in [
+        ("set_policy", {"policy": "status_quo"}),
+        ("set_importance", {"uid": FOREGROUND_UID, "importance": 100}),
+        ("set_access", {"uid": FOREGROUND_UID, "attribute": True}),
+    ]:
+        reply = app.send(op, **fields)
+        assert reply["error"] == "NpuPermissionError", reply
+        assert "management permission" in reply["message"]
+    with npu.DaemonClient(daemon.socket) as admin:
+        info = admin.info()
+    assert info["policy"]["name"] == "budget"
+    assert all(c["uid"] != FOREGROUND_UID for c in info["priorities"])
+
+    manager = child(daemon, OUTSIDER_UID, groups=(SOCKET_GID, MANAGEMENT_GID))
+    assert manager.ok("set_policy", policy="turn_taking") == "turn_taking"
+    manager.ok("set_importance", uid=FOREGROUND_UID, importance=100)
+    info = manager.ok("info")
+    assert info["policy"]["name"] == "turn_taking"
+    assert {"uid": FOREGROUND_UID, "priority": 100}.items() <= next(
+        c for c in info["priorities"] if c["uid"] == FOREGROUND_UID
+    ).items()
+
+
+@needs_root
+def test_attribution_to_another_uid_needs_can_attribute_other_uid(
+    start: Callable[..., DaemonProcess],
+) -> None:
+    daemon = start()
+    app = child(daemon, FOREGROUND_UID)
+    app.ok("request", id=1)
+    assert app.event("decision", 1)["status"] == CAN_LOAD_NOW
+    app.ok("load", id=1, weight_bytes=1 << 20)
+    assert isinstance(app.ok("submit", id=1), int)
+    refused = app.send("submit", id=1, original_uid=BACKGROUND_UID)
+    assert refused["error"] == "NpuPermissionError"
+    with npu.DaemonClient(daemon.socket) as admin:
+        admin.set_uid_access(FOREGROUND_UID, can_attribute_other_uid=True)
+    assert isinstance(app.ok("submit", id=1, original_uid=BACKGROUND_UID), int)
+
+
+@needs_root
+def test_a_connection_acts_only_on_its_own_requests(start: Callable[..., DaemonProcess]) -> None:
+    daemon = start()
+    owner = child(daemon, BACKGROUND_UID)
+    other = child(daemon, FOREGROUND_UID)
+    owner.ok("request", id=7)
+    assert owner.event("decision", 7)["status"] == CAN_LOAD_NOW
+    model = owner.ok("load", id=7, weight_bytes=1 << 20)["model"]
+    for op in ("cancel", "unloaded"):
+        reply = other.send(op, id=7)
+        assert reply["error"] == "UnknownRequestError", reply
+    reply = other.send("submit_to", id=7, model=model)
+    assert reply["error"] == "UnknownModelError", reply
+    info = other.ok("info")
+    assert [(r["uid"], r["id"]) for r in info["requests"]["loaded"]] == [(BACKGROUND_UID, 7)]
+
+
+# Death ----------------------------------------------------------------------------------
+
+
+@needs_root
+def test_killed_client_frees_its_share_for_the_next(start: Callable[..., DaemonProcess]) -> None:
+    daemon = start("--policy", "turn_taking")
+    holder = child(daemon, BACKGROUND_UID)
+    waiter = child(daemon, FOREGROUND_UID)
+    with npu.DaemonClient(daemon.socket) as admin:
+        admin.set_uid_importance(BACKGROUND_UID, npu.IMPORTANCE_FOREGROUND)
+        admin.set_uid_importance(FOREGROUND_UID, npu.IMPORTANCE_CACHED)
+    holder.ok("request", id=1)
+    assert holder.event("decision", 1)["status"] == CAN_LOAD_NOW
+    holder.ok("load", id=1, weight_bytes=1 << 20)
+    waiter.ok("request", id=1)
+    waiter.expect(lambda m: m.get("event") == "decision", timeout=10)
+    with pytest.raises(AssertionError):
+        waiter.expect(lambda m: m.get("status") == CAN_LOAD_NOW, timeout=0.3)
+
+    killed_at = time.monotonic_ns()
+    holder.kill9()
+    granted = waiter.expect(
+        lambda m: m.get("event") == "decision" and m.get("status") == CAN_LOAD_NOW
+    )
+    # The figure is measured in benchmarks/ipc.py; this only bounds a hang.
+    assert granted["at_ns"] - killed_at < 5_000_000_000
+    with npu.DaemonClient(daemon.socket) as admin:
+        info = admin.info()
+    assert all(c["uid"] != BACKGROUND_UID for c in info["clients"])
+    assert [r["uid"] for r in info["requests"]["granted"]] == [FOREGROUND_UID]
+
+
+@needs_root
+def test_killed_clients_work_ends_cancelled_system(socket_dir: Path) -> None:
+    events: list[WorkEvent] = []
+    service = Service("vnpu", "turn_taking", clock="real")
+    service.add_listener(events.extend)
+    daemon = Daemon(service, socket_dir / "npu.sock", socket_group=SOCKET_GID)
+    daemon.bind()
+    thread = threading.Thread(target=daemon.serve_forever)
+    thread.start()
+    try:
+        victim = Child(daemon.socket_path, BACKGROUND_UID)
+        victim.ok("request", id=1)
+        victim.event("decision", 1)
+        victim.ok("load", id=1, weight_bytes=1 << 20)
+        work = [victim.ok("submit", id=1, cost_cycles=60_000_000_000) for _ in range(3)]
+        _wait(lambda: any(e.id == work[0] and e.kind == EventKind.STARTED for e in events))
+        victim.kill9()
+        _wait(lambda: sum(e.kind == EventKind.ENDED and e.id in work for e in events) == 3)
+        ended = {e.id: e.reason for e in events if e.kind == EventKind.ENDED}
+        assert [ended[w] for w in work] == [EndReason.CANCELLED_SYSTEM] * 3
+        _wait(lambda: not daemon.describe()["clients"])
+        snapshot = daemon.describe()
+        assert all(not requests for requests in snapshot["requests"].values())
+        assert snapshot["devices"][0]["models_loaded"] == 0
+        assert snapshot["daemon"]["deaths"] == 1
+    finally:
+        daemon.stop()
+        thread.join(20)
+
+
+def _wait(condition: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached")
+        time.sleep(0.01)
+
+
+# Lifecycle ------------------------------------------------------------------------------
+
+
+@needs_root
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_completes_live_requests_and_removes_the_socket(
+    start: Callable[..., DaemonProcess], sig: int
+) -> None:
+    daemon = start()
+    app = child(daemon, FOREGROUND_UID)
+    app.ok("request", id=1)
+    app.event("decision", 1)
+    app.ok("load", id=1, weight_bytes=1 << 20)
+    app.ok("request", id=2)
+    app.event("decision", 2)
+    assert daemon.stop(sig) == 0, daemon.log()
+    assert {app.event("complete", i)["status"] for i in (1, 2)} <= {
+        COMPLETE,
+        int(ModelLoadRequestStatus.CANCELLED),
+    }
+    assert not daemon.socket.exists()
+    assert "shutting down" in daemon.log()
+
+
+def test_refuses_a_second_daemon_and_replaces_a_stale_socket(socket_dir: Path) -> None:
+    path = socket_dir / "npu.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens: a crashed daemon's leftover
+    first = DaemonProcess(socket_dir)
+    try:
+        second = subprocess.run(
+            serve_command(path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert second.returncode == 2
+        assert second.stderr.strip().splitlines() == [
+            f"npu-manager: error: a daemon is already serving {path}"
+        ]
+        assert "replacing the stale socket" in first.log()
+    finally:
+        assert first.stop() == 0
+
+
+def test_refuses_a_path_that_is_not_a_socket(socket_dir: Path) -> None:
+    path = socket_dir / "npu.sock"
+    path.write_text("not a socket")
+    result = subprocess.run(
+        serve_command(path), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 2
+    assert "is not a socket" in result.stderr and "Traceback" not in result.stderr
+    assert path.read_text() == "not a socket"
+
+
+def test_connect_without_a_daemon_says_so(socket_dir: Path) -> None:
+    path = socket_dir / "none.sock"
+    with pytest.raises(npu.DaemonUnavailableError, match="no npu-manager daemon is listening"):
+        npu.connect(path)
+    for verb in (["info"], ["set-policy", "budget"], ["set-importance", "10001", "CACHED"]):
+        result = run_cli(*verb, "--socket", str(path))
+        assert result.returncode == 2
+        assert result.stderr.strip().splitlines() == [
+            f"npu-manager: error: no npu-manager daemon is listening on {path} "
+            "(start one with `npu-manager serve`)"
+        ]
+
+
+# The CLI verbs --------------------------------------------------------------------------
+
+
+def test_cli_verbs_against_a_running_daemon(start: Callable[..., DaemonProcess]) -> None:
+    daemon = start("--policy", "status_quo")
+    sock = str(daemon.socket)
+
+    changed = run_cli("set-policy", "budget", "--max-budget", "8", "--weights", "1,2,4",
+                      "--socket", sock, "--json")  # fmt: skip
+    assert changed.returncode == 0, changed.stderr
+    assert json.loads(changed.stdout) == {
+        "policy": "budget",
+        "params": {"max_budget": 8, "weights": [1, 2, 4]},
+    }
+    assert run_cli("set-importance", "10123", "foreground", "--socket", sock).stdout == (
+        "uid 10123 importance is now 100\n"
+    )
+    access = run_cli("set-access", "10123", "--attribute-other-uid", "--socket", sock)
+    assert access.returncode == 0, access.stderr
+
+    manager = npu.connect(daemon.socket, uses_feature=True)
+    decided = threading.Event()
+
+    class App(npu.ModelLoadRequestCallback):
+        def on_can_load_model(self, request: object, status: object, listener: object) -> None:
+            decided.set()
+
+    manager.request_can_load_model(npu.ModelLoadRequest.Builder(3).set_size(1).build(), App())
+    assert decided.wait(10)
+
+    document = json.loads(run_cli("info", "--socket", sock, "--json").stdout)
+    assert document["policy"] == {
+        "name": "budget",
+        "params": {"weights": [1, 2, 4], "max_budget": 8},
+    }
+    config = next(c for c in document["priorities"] if c["uid"] == 10123)
+    assert config["priority"] == 100 and config["can_attribute_other_uid"] is True
+    granted = document["requests"]["granted"]
+    assert [(r["id"], r["size"], r["weight"]) for r in granted] == [(3, "BETWEEN_1GB_AND_2GB", 2)]
+    device = document["devices"][0]
+    assert device["weight_memory_bytes"] > 0 and device["temperature_c"] > 0
+    assert document["daemon"]["socket"] == sock
+
+    text = run_cli("info", "--socket", sock).stdout
+    assert "policy: budget (weights=[1, 2, 4], max_budget=8)" in text
+    assert "granted" in text and "BETWEEN_1GB_AND_2GB" in text and "THERMAL" in text
+    manager.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["set-policy", "status-quo", "--max-budget", "3"], "apply to the budget policy only"),
+        (["set-policy", "budget", "--weights", "1,x,4"], "--weights must be comma-separated"),
+        (["set-policy", "budget", "--max-budget", "0"], "max_budget"),
+        (["set-policy", "nonesuch"], "nonesuch"),
+        (["set-importance", "10123", "VERY"], "importance must be one of FOREGROUND"),
+        (["set-importance", "10123", "1001"], "a number 0..1000"),
+        (["set-access", "10123"], "say what to change"),
+    ],
+)
+def test_cli_verbs_reject_bad_input_in_one_line(
+    start: Callable[..., DaemonProcess], args: list[str], message: str
+) -> None:
+    daemon = start()
+    result = run_cli(*args, "--socket", str(daemon.socket))
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("npu-manager: error: "), result.stderr
+    assert message in lines[0]
+    assert daemon.alive
+
+
+# Bad frames -----------------------------------------------------------------------------
+
+
+def _frame(body: object) -> bytes:
+    data = json.dumps(body).encode() if not isinstance(body, bytes) else body
+    return struct.pack(">I", len(data)) + data
+
+
+def _raw_exchange(path: Path, frames: list[bytes], timeout: float = 10) -> list[dict[str, object]]:
+    """Send raw frames on a fresh connection; every frame the daemon sends until it closes."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    sock.connect(str(path))
+    try:
+        for frame in frames:
+            sock.sendall(frame)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    finally:
+        sock.close()
+    replies = []
+    while data:
+        (size,) = struct.unpack_from(">I", data)
+        replies.append(json.loads(data[4 : 4 + size]))
+        data = data[4 + size :]
+    return replies
+
+
+HELLO = _frame({"op": "hello", "version": 1})
+
+
+@pytest.mark.parametrize(
+    ("frames", "message"),
+    [
+        ([struct.pack(">I", (1 << 20) + 1)], "frame length 1048577 is not allowed"),
+        ([struct.pack(">I", 0)], "frame length 0 is not allowed"),
+        ([_frame(b"{not json")], "invalid frame"),
+        ([_frame({"op": "info", "seq": 1})], "the first frame of a connection must be a hello"),
+        ([_frame({"op": "hello", "version": 99})], "protocol version 99 is not supported"),
+        ([HELLO, _frame({"op": "launch", "seq": 1})], "invalid frame"),
+        ([HELLO, _frame({"op": "cancel", "seq": 1, "request_id": "7"})], "request_id"),
+        ([HELLO, _frame({"op": "info", "seq": -1})], "seq"),
+        ([HELLO, HELLO], "a connection says hello only once"),
+    ],
+)
+def test_a_bad_frame_gets_an_error_and_the_connection_closes(
+    start: Callable[..., DaemonProcess], frames: list[bytes], message: str
+) -> None:
+    daemon = start()
+    replies = _raw_exchange(daemon.socket, frames)
+    error = replies[-1]
+    assert error["op"] == "error" and error.get("seq") is None
+    assert error["kind"] == "ProtocolError" and message in str(error["message"])
+    with npu.DaemonClient(daemon.socket) as admin:
+        info = admin.info()
+    assert info["daemon"]["protocol_errors"] == 1
+    assert info["daemon"]["connections"] == 1 and len(info["clients"]) == 1
+    assert daemon.alive
+
+
+def test_a_failed_call_is_an_error_reply_and_the_connection_stays(
+    start: Callable[..., DaemonProcess],
+) -> None:
+    daemon = start()
+    replies = _raw_exchange_open(
+        daemon.socket,
+        [
+            HELLO,
+            _frame({"op": "cancel", "seq": 5, "request_id": 9}),
+            _frame({"op": "info", "seq": 6}),
+        ],
+        expect=3,
+    )
+    assert replies[0]["op"] == "welcome"
+    assert replies[1] == {
+        "op": "error",
+        "seq": 5,
+        "kind": "UnknownRequestError",
+        "message": "request 9 is not a live request of this client",
+    }
+    assert replies[2]["op"] == "reply" and replies[2]["seq"] == 6
+
+
+def _raw_exchange_open(path: Path, frames: list[bytes], expect: int) -> list[dict[str, object]]:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(str(path))
+    replies: list[dict[str, object]] = []
+    data = b""
+    try:
+        sock.sendall(b"".join(frames))
+        while len(replies) < expect:
+            data += sock.recv(65536)
+            while len(data) >= 4 and len(data) >= 4 + struct.unpack_from(">I", data)[0]:
+                (size,) = struct.unpack_from(">I", data)
+                replies.append(json.loads(data[4 : 4 + size]))
+                data = data[4 + size :]
+    finally:
+        sock.close()
+    return replies
