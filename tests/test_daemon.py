@@ -408,6 +408,56 @@ def test_cli_verbs_against_a_running_daemon(start: Callable[..., DaemonProcess])
     manager.close()
 
 
+def test_serve_sends_telemetry_to_its_sinks(
+    start: Callable[..., DaemonProcess], socket_dir: Path
+) -> None:
+    log = socket_dir / "events.jsonl"
+    daemon = start("--sink", f"jsonl:path={log},debounce_duration_ms=50", "--sink", "memory")
+    with npu.connect(daemon.socket, uses_feature=True) as manager:
+        decided = threading.Event()
+
+        class App(npu.ModelLoadRequestCallback):
+            def on_can_load_model(self, request: object, status: object, listener: object) -> None:
+                decided.set()
+
+        request = npu.ModelLoadRequest.Builder(11).build()
+        manager.request_can_load_model(request, App())
+        assert decided.wait(10)
+        manager.cancel_model_load(request)
+        _wait(lambda: json.loads(run_cli("info", "--socket", str(daemon.socket), "--json").stdout)[
+            "sinks"]["memory"]["delivered"] >= 3)  # fmt: skip
+    text = run_cli("info", "--socket", str(daemon.socket)).stdout
+    assert "SINK" in text and "jsonl" in text and "memory" in text
+    assert daemon.stop() == 0
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    mine = [r for r in records if r.get("uid") == os.getuid() and r.get("requestId") == 11]
+    assert [r["type"] for r in mine] == [
+        "model_load_requested",
+        "model_load_state_changed",
+        "model_load_state_changed",
+    ]
+    assert [r.get("state") for r in mine[1:]] == ["CAN_LOAD_NOW", "CANCELLED"]
+    assert any(r["type"] == "device_sample" for r in records)
+
+
+@pytest.mark.parametrize(
+    "spec", ["nonesuch", "jsonl:path", "jsonl:=3", ":port=1", "jsonl:max_bytes=0"]
+)
+def test_serve_rejects_a_bad_sink_in_one_line(socket_dir: Path, spec: str) -> None:
+    path = socket_dir / "npu.sock"
+    result = subprocess.run(
+        [*serve_command(path), "--sink", spec],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("npu-manager: error: "), result.stderr
+    assert not path.exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

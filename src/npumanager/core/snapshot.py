@@ -44,6 +44,7 @@ def build_snapshot(service: Service) -> dict[str, Any]:
         ],
         "requests": by_state,
         "devices": [_device(service, device) for device in range(service.driver.device_count)],
+        "sinks": {name: stats._asdict() for name, stats in service.sink_stats().items()},
         "memory_pressure": arbiter.memory_pressure,
         "callback_errors": service.callback_errors,
     }

@@ -74,6 +74,14 @@ def register(add: Add) -> None:
         help=f"how long a client asked to unload may take (default {DEFAULT_UNLOAD_GRACE_MS})",
     )
     serve.add_argument(
+        "--sink",
+        action="append",
+        default=[],
+        metavar="NAME[:KEY=VALUE,...]",
+        help="send telemetry to a sink, e.g. prometheus:port=9464 or "
+        "jsonl:path=/var/log/npu.jsonl,debounce_duration_ms=50 (repeatable)",
+    )
+    serve.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -162,6 +170,22 @@ def _policy_params(policy: str, args: argparse.Namespace) -> dict[str, Any] | No
     return params or None
 
 
+def parse_sink(spec: str) -> tuple[str, dict[str, Any]]:
+    """`NAME[:KEY=VALUE,...]` as the sink name and its options (digits become ints)."""
+    name, _, rest = spec.partition(":")
+    options: dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise NpuManagerError(
+                f"--sink {spec!r}: options are KEY=VALUE separated by commas; got {item!r}"
+            )
+        options[key] = int(value) if value.lstrip("-").isdigit() else value
+    if not name:
+        raise NpuManagerError(f"--sink {spec!r}: name a sink first, e.g. prometheus:port=9464")
+    return name, options
+
+
 def _client(args: argparse.Namespace) -> Any:
     from npumanager.daemon.client import DaemonClient
 
@@ -193,6 +217,13 @@ def cmd_serve(ctx: CommandContext) -> int:
         unload_grace_ms=args.unload_grace_ms,
         registry=ctx.registry,
     )
+    try:
+        for spec in args.sink:
+            name, options = parse_sink(spec)
+            service.add_sink(name, **options)
+    except BaseException:
+        service.close()
+        raise
     daemon = Daemon(service, path, socket_group=socket_group, management_group=management_group)
     try:
         daemon.bind()
@@ -298,6 +329,14 @@ def render_info(document: dict[str, Any]) -> str:
             ["DEVICE", "MEMORY GiB", "MODELS", "BUSY", "QUEUED", "TEMP C", "THERMAL"],
         )
     )
+    sinks = document.get("sinks", {})
+    if sinks:
+        lines += ["", "sinks:"]
+        rows = [
+            [name, str(st["delivered"]), str(st["dropped"]), str(st["failed"]), str(st["queued"])]
+            for name, st in sinks.items()
+        ]
+        lines.append(format_table(rows, ["SINK", "DELIVERED", "DROPPED", "FAILED", "QUEUED"]))
     return "\n".join(lines)
 
 
