@@ -359,6 +359,30 @@ def test_connect_without_a_daemon_says_so(socket_dir: Path) -> None:
         ]
 
 
+def test_a_client_of_a_killed_daemon_gets_a_clear_error(
+    start: Callable[..., DaemonProcess],
+) -> None:
+    daemon = start()
+    manager = npu.connect(daemon.socket, uses_feature=True)
+    request = npu.ModelLoadRequest.Builder(1).build()
+    manager.request_can_load_model(request, npu.ModelLoadRequestCallback())
+    with pytest.raises(npu.DuplicateRequestError, match="already live"):
+        manager.request_can_load_model(request, npu.ModelLoadRequestCallback())
+    daemon.stop(signal.SIGKILL)
+    with pytest.raises(npu.DaemonUnavailableError, match="the daemon closed the connection"):
+        manager.cancel_model_load(request)
+    manager.close()
+
+
+def test_a_remote_manager_refuses_virtual_time(start: Callable[..., DaemonProcess]) -> None:
+    daemon = start()
+    with npu.connect(daemon.socket) as manager:
+        backend = manager._service
+        assert backend.clock == "real" and not backend.quiescent()
+        with pytest.raises(npu.IllegalArgumentError, match="needs a virtual clock"):
+            backend.advance(1)
+
+
 # The CLI verbs --------------------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from npumanager.core.dispatch import ExecutorLike, check_executor
 from npumanager.schemas import (
@@ -25,7 +25,6 @@ from npumanager.schemas import (
 
 if TYPE_CHECKING:
     from npumanager.core.lease import AsyncLease, Lease
-    from npumanager.core.service import Service
 
 
 class ModelLoadRequestCallback:
@@ -116,11 +115,69 @@ POLICY_NAMES: dict[ModelPolicy, str] = {
 """The platform's policy constants by the plugin name that implements each."""
 
 
+class Backend(Protocol):
+    """What an `NpuManager` talks to: the in-process `Service`, or a `DaemonClient`.
+
+    The leading underscore marks these as the two backends' contract, not an app's API.
+    """
+
+    @property
+    def clock(self) -> str:
+        """'virtual' or 'real'."""
+
+    @property
+    def now_ms(self) -> int:
+        """The service clock, in milliseconds."""
+
+    def quiescent(self) -> bool:
+        """Virtual time: True when nothing will change by itself."""
+
+    def advance(self, ms: int) -> None:
+        """Virtual time: run forward by `ms` milliseconds."""
+
+    def _request(
+        self,
+        manager: NpuManager,
+        request: ModelLoadRequest,
+        callback: ModelLoadRequestCallback,
+        executor: ExecutorLike | None,
+        weight_bytes: int | None,
+    ) -> None: ...
+
+    def _cancel(self, manager: NpuManager, request: ModelLoadRequest) -> None: ...
+
+    def _notify_loaded(self, manager: NpuManager, request: ModelLoadRequest) -> None: ...
+
+    def _notify_unloaded(self, manager: NpuManager, request: ModelLoadRequest) -> None: ...
+
+    def _set_policy_as(
+        self, manager: NpuManager, policy: str | ModelPolicy | int, params: Mapping[str, Any] | None
+    ) -> None: ...
+
+    def _close_client(self, manager: NpuManager) -> None: ...
+
+    def _load_model(
+        self, manager: NpuManager, request: ModelLoadRequest, weight_bytes: int, sram_bytes: int
+    ) -> LoadedModel: ...
+
+    def _submit(
+        self,
+        model: LoadedModel,
+        cost_cycles: int,
+        job_priority: int,
+        original_uid: int | None,
+        group_id: Any,
+        feature_id: str | None,
+    ) -> int: ...
+
+    def _cancel_work(self, model: LoadedModel, work_id: int) -> None: ...
+
+
 class NpuManager:
     """One client of the service, bound to a uid (and a pid, for the record)."""
 
     def __init__(
-        self, service: Service, client: int, uid: int, pid: int | None, uses_feature: bool
+        self, service: Backend, client: int, uid: int, pid: int | None, uses_feature: bool
     ) -> None:
         self._service = service
         self.client = client

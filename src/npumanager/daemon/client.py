@@ -14,6 +14,7 @@ import itertools
 import logging
 import socket
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from npumanager.core.client import (
 from npumanager.core.dispatch import DeliveryStats, ExecutorLike, SerialQueue
 from npumanager.daemon import protocol as p
 from npumanager.daemon.peer import default_socket_path
-from npumanager.errors import DaemonError, DaemonUnavailableError
+from npumanager.errors import DaemonError, DaemonUnavailableError, IllegalArgumentError
 from npumanager.schemas import (
     ModelLoadRequest,
     ModelLoadRequestStatus,
@@ -135,7 +136,7 @@ class DaemonClient:
         self.gid = welcome.gid
         self.daemon_pid = welcome.daemon_pid
         self.may_manage = welcome.management
-        self._manager = NpuManager(self, 1, welcome.uid, welcome.pid, uses_feature)  # type: ignore[arg-type]
+        self._manager = NpuManager(self, 1, welcome.uid, welcome.pid, uses_feature)
         sock.settimeout(None)
         self._thread = threading.Thread(target=self._read_forever, name="npu-client", daemon=True)
         self._reader_ident: int | None = None
@@ -202,6 +203,19 @@ class DaemonClient:
         )
 
     @property
+    def now_ms(self) -> int:
+        """The monotonic clock in milliseconds (the daemon runs in real time)."""
+        return time.monotonic_ns() // 1_000_000
+
+    def quiescent(self) -> bool:
+        """Always False: a daemon's clock runs by itself."""
+        return False
+
+    def advance(self, ms: int) -> None:
+        """Refused: a daemon runs in real time."""
+        raise IllegalArgumentError("advance() needs a virtual clock; the daemon runs in real time")
+
+    @property
     def callback_errors(self) -> int:
         """Callbacks of this connection that raised (logged, isolated)."""
         return self._stats.failed
@@ -239,15 +253,14 @@ class DaemonClient:
         weight_bytes: int | None,
     ) -> None:
         executor = executor or self._default_executor()
-        if request.id in self._remote:
+        remote = _Remote(
+            request, callback, SerialQueue(executor, self._stats), takes_reason(callback)
+        )
+        if self._remote.setdefault(request.id, remote) is not remote:
             raise errors.DuplicateRequestError(
                 f"request id {request.id} is already live for this client; ids may be "
                 "reused only after the request completes"
             )
-        remote = _Remote(
-            request, callback, SerialQueue(executor, self._stats), takes_reason(callback)
-        )
-        self._remote[request.id] = remote
         try:
             self._call(
                 p.RequestCanLoad,
@@ -334,9 +347,10 @@ class DaemonClient:
         self._pending[seq] = pending
         try:
             self._send(kind(seq=seq, **fields))
-        except OSError as exc:
+        except OSError:
             self._pending.pop(seq, None)
-            raise DaemonUnavailableError(f"the daemon connection failed: {exc}") from None
+            self._lose("the daemon closed the connection")
+            raise DaemonUnavailableError(self._lost or "the daemon closed the connection") from None
         if threading.get_ident() == self._reader_ident:
             # A callback running on the reader thread: read the reply here.
             while not pending.finished and self._pump():
@@ -376,10 +390,11 @@ class DaemonClient:
     def _lose(self, why: str) -> None:
         if self._lost is None:
             self._lost = why if not self._closed else "this connection to the daemon is closed"
-        for pending in list(self._pending.values()):
-            pending.error = DaemonUnavailableError(self._lost)
-            pending.finish()
-        self._pending.clear()
+        for seq in list(self._pending):
+            pending = self._pending.pop(seq, None)  # whoever pops a call finishes it
+            if pending is not None:
+                pending.error = DaemonUnavailableError(self._lost)
+                pending.finish()
 
     def _handle(self, message: Any) -> None:
         if isinstance(message, p.Reply | p.Error) and message.seq is not None:
