@@ -254,3 +254,45 @@ def test_the_builtins_are_registered_through_the_entry_point() -> None:
     sinks = {reg.name: reg for reg in registry.registrations(PluginKind.SINK)}
     assert set(sinks) >= {"memory", "jsonl", "perfetto", "prometheus"}
     assert {reg.source.name for reg in sinks.values()} == {"builtin-sinks"}
+
+
+def test_the_fast_json_line_is_the_record_exactly() -> None:
+    from npumanager import ModelLoadState, ModelLoadStateChanged
+    from npumanager.plugins.sinks import MemorySink
+    from npumanager.telemetry.records import to_json_line, to_record
+
+    sink = MemorySink()
+    with Service("vnpu", "pressure", clock="virtual", sinks=[sink]) as svc:
+        busy_service(svc, heat=40_000)
+    odd = ModelLoadStateChanged(1, 2, 3, 9, 77, ModelLoadState.REVOKED, 2, -1, 5)
+    driver = VnpuDriver(1)
+    model = driver.load_model(0, weight_bytes=1)
+    driver.submit(model, uid=3, cost_cycles=5, group_id=bytes(range(16)), feature_id='a "q"\n')
+    driver.advance(10)
+    for event in [*sink.events, odd, *driver.take_events()]:
+        line = to_json_line(event)  # type: ignore[arg-type]
+        assert line.endswith("\n") and line.count("\n") == 1
+        assert json.loads(line) == to_record(event)  # type: ignore[arg-type]
+        assert list(json.loads(line)) == list(to_record(event))  # type: ignore[arg-type]
+    driver.close()
+
+
+def test_the_sink_in_contributing_works_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    text = (Path(__file__).parent.parent / "CONTRIBUTING.md").read_text()
+    code = re.search(r"## Write a sink.*?```python\n(.*?)```", text, re.DOTALL)
+    assert code is not None
+    namespace: dict[str, object] = {}
+    exec(code.group(1), namespace)
+    sink = namespace["SlowJobs"](threshold_us=1000)  # type: ignore[operator]
+    with Service("vnpu", clock="virtual", sinks=[sink]) as svc:
+        app = svc.manager(1, uses_feature=True)
+        with app.reserve(ModelLoadRequest.Builder(1).build()) as lease:
+            model = lease.load_model(weight_bytes=1)
+            model.submit(500_000)
+            model.submit(5_000_000)
+            svc.run_until_idle()
+    assert capsys.readouterr().out == "ENDED(COMPLETED) #2 uid 1 at 5000 us\n"
+    record = namespace["npumanager_register_sinks"]()[0]  # type: ignore[operator]
+    assert record.name == "slow-jobs"

@@ -22,11 +22,13 @@ from npumanager.core.events import EventKind, WorkEvent
 _US_PER_MS = 1000
 
 
-@dataclass
+@dataclass(slots=True)
 class _UidState:
     running: set[int] = field(default_factory=set)
     held: WorkEvent | None = None
     due_us: int | None = None
+    queued_us: int | None = None
+    """The time of this uid's one entry in the heap, at or before `due_us`."""
 
 
 class Debouncer:
@@ -39,7 +41,8 @@ class Debouncer:
         self._window_us = window_ms * _US_PER_MS
         self._uids: dict[int, _UidState] = {}
         self._due: list[tuple[int, int]] = []
-        """Heap of (due time, uid); entries whose uid no longer has that due are stale."""
+        """Heap of (time, uid), one entry per uid with a due: pushed when the uid first gets a
+        due, moved to the real due when it is reached (so back-to-back runs push rarely)."""
 
     @property
     def passthrough(self) -> bool:
@@ -51,42 +54,50 @@ class Debouncer:
         if self.passthrough:
             return list(events)
         out: list[WorkEvent] = []
+        append = out.append
+        uids = self._uids
+        due = self._due
+        window = self._window_us
+        ended = EventKind.ENDED
+        started = EventKind.STARTED
         for event in events:
-            if self._due and self._due[0][0] <= event.time_us:
-                out.extend(self.flush_due(event.time_us))
-            self._one(event, out)
-        return out
-
-    def _one(self, event: WorkEvent, out: list[WorkEvent]) -> None:
-        state = self._uids.get(event.uid)
-        if state is None:
-            state = self._uids[event.uid] = _UidState()
-        quiet = not state.running and state.held is None
-        if event.kind == EventKind.REQUESTED:
-            if quiet:
-                out.append(event)
-        elif event.kind == EventKind.STARTED:
-            if quiet:
-                out.append(event)
-            state.running.add(event.id)
-            state.due_us = None
-        else:
-            state.running.discard(event.id)
-            state.held = event
-            if state.running:
+            kind = event.kind
+            time_us = event.time_us
+            uid = event.uid
+            if due and due[0][0] <= time_us:
+                out.extend(self.flush_due(time_us))
+            state = uids.get(uid)
+            if state is None:
+                state = uids[uid] = _UidState()
+            running = state.running
+            if kind == ended:
+                running.discard(event.id)
+                state.held = event
+                if running:
+                    state.due_us = None
+                else:
+                    state.due_us = time_us + window
+                    if state.queued_us is None:
+                        state.queued_us = state.due_us
+                        heapq.heappush(due, (state.due_us, uid))
+                continue
+            if not running and state.held is None:
+                append(event)
+            if kind == started:
+                running.add(event.id)
                 state.due_us = None
-            else:
-                state.due_us = event.time_us + self._window_us
-                heapq.heappush(self._due, (state.due_us, event.uid))
+        return out
 
     def flush_due(self, now_us: int) -> list[WorkEvent]:
         """Held ENDED events whose uid has been idle for the whole window by `now_us`."""
         out: list[WorkEvent] = []
         while self._due and self._due[0][0] <= now_us:
-            due, uid = heapq.heappop(self._due)
-            state = self._uids.get(uid)
-            if state is None or state.due_us != due or state.held is None:
+            state = self._current()
+            if state is None:
                 continue
+            uid = heapq.heappop(self._due)[1]
+            state.queued_us = None
+            assert state.held is not None
             out.append(state.held)
             state.held = None
             state.due_us = None
@@ -94,14 +105,29 @@ class Debouncer:
                 del self._uids[uid]
         return out
 
-    def next_due_us(self) -> int | None:
-        """When the next held event falls due, if any (stale heap entries dropped)."""
-        while self._due:
-            due, uid = self._due[0]
-            state = self._uids.get(uid)
-            if state is not None and state.due_us == due and state.held is not None:
-                return due
+    def _current(self) -> _UidState | None:
+        """The state of the heap's first entry if that entry is its uid's real due; else the
+        entry is dropped or moved to the real due, and None is returned."""
+        time_us, uid = self._due[0]
+        state = self._uids.get(uid)
+        if state is None or state.queued_us != time_us:
             heapq.heappop(self._due)
+            return None
+        if state.due_us is None or state.held is None:
+            heapq.heappop(self._due)
+            state.queued_us = None
+            return None
+        if state.due_us != time_us:
+            state.queued_us = state.due_us
+            heapq.heapreplace(self._due, (state.due_us, uid))
+            return None
+        return state
+
+    def next_due_us(self) -> int | None:
+        """When the next held event falls due, if any."""
+        while self._due:
+            if self._current() is not None:
+                return self._due[0][0]
         return None
 
     def flush_all(self) -> list[WorkEvent]:

@@ -72,6 +72,7 @@ from npumanager.schemas import (
     ModelPolicy,
     ThermalSeverity,
 )
+from npumanager.schemas.device import DeviceStatus
 from npumanager.schemas.limits import (
     DEFAULT_SINK_QUEUE_EVENTS,
     DEFAULT_UNLOAD_GRACE_MS,
@@ -579,9 +580,7 @@ class Service:
         for device in range(self.driver.device_count):
             state = self.driver.device_state(device)
             if self._telemetry:
-                sample = self._sampler.sample(state, self._now_us())
-                if sample is not None:
-                    self._telemetry.publish((sample,))
+                self._publish_sample(state)
             severity = state.severity
             if self._severity.get(device, ThermalSeverity.NONE) != severity:
                 self._severity[device] = severity
@@ -590,18 +589,20 @@ class Service:
     def _emit_health(self) -> None:
         """Sample device health for the sinks now (a model came or went)."""
         if self._telemetry:
-            now_us = self._now_us()
             for device in range(self.driver.device_count):
-                sample = self._sampler.sample(self.driver.device_state(device), now_us)
-                if sample is not None:
-                    self._telemetry.publish((sample,))
+                self._publish_sample(self.driver.device_state(device))
+
+    def _publish_sample(self, state: DeviceStatus) -> None:
+        sample = self._sampler.sample(state, state.now_us)
+        if sample is not None:
+            self._telemetry.publish((sample,))
 
     def _after_driver_step(self) -> None:
         pending, self._pending = self._pending, []
         self._perform(pending)
         self._sample_devices()
         self._perform(self.arbiter.tick(self.now_ms))
-        if self._telemetry:
+        if self._telemetry.debouncing:
             self._telemetry.step(self._now_us())
 
     def set_memory_pressure(self, level: int) -> None:

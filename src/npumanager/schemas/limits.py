@@ -84,7 +84,7 @@ MAX_DEBOUNCE_DURATION_MS: Final = 3_600_000
 """The longest debounce window a sink registration may ask for: an hour."""
 SINK_CLOSE_TIMEOUT_S: Final = 5.0
 """How long closing waits for a real-time sink's worker to hand over what is queued."""
-HEALTH_SAMPLE_INTERVAL_MS: Final = 10
+HEALTH_SAMPLE_INTERVAL_MS: Final = 50
 """Device health reaches sinks at least this often, and at once when severity or memory change."""
 LOG_DIR_APP_NAME: Final = "npu-manager"
 """The platformdirs application name of the per-user log directory."""

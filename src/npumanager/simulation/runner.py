@@ -26,6 +26,7 @@ from npumanager.schemas import (
     ModelLoadStatus,
     UnloadReason,
 )
+from npumanager.schemas.device import DeviceStatus
 from npumanager.schemas.limits import (
     DEFAULT_SINK_QUEUE_EVENTS,
     HEALTH_SAMPLE_INTERVAL_MS,
@@ -244,15 +245,16 @@ class _DirectTelemetry:
             )
             self.hub.publish((event,))
 
-    def step(self, events: list[WorkEvent]) -> None:
-        """The millisecond is over: its events and a health sample go out."""
+    def step(self, events: list[WorkEvent], first: DeviceStatus) -> None:
+        """The millisecond is over: its events and health samples (`first`: device 0's) go out."""
         if not self.hub:
             return
         if events:
             self.hub.publish_work(events)
-        now_us = self.npu.now_us
+        now_us = first.now_us
         for device in range(self.npu.device_count):
-            sample = self.sampler.sample(self.npu.device_state(device), now_us)
+            state = first if device == 0 else self.npu.device_state(device)
+            sample = self.sampler.sample(state, now_us)
             if sample is not None:
                 self.hub.publish((sample,))
         self.hub.drain()
@@ -304,8 +306,9 @@ def run_direct(
         new = collector.take()
         for work_event in new:
             _route(runs, work_event, t)
-        telemetry.step(new)
-        samples.append(_sample(npu, t))
+        state = npu.device_state(0)
+        telemetry.step(new, state)
+        samples.append(_sample(state, t))
         if progress is not None:
             progress(t)
     result = _finish("direct", runs, collector, samples, [], npu.device_state(0), failures)
@@ -338,8 +341,7 @@ def _route(runs: list[_AppRun], event: WorkEvent, t: int) -> None:
             return
 
 
-def _sample(npu: Any, t: int) -> Sample:
-    state = npu.device_state(0)
+def _sample(state: DeviceStatus, t: int) -> Sample:
     return Sample(t, state.temperature_mc, state.weight_memory_used_bytes, int(state.severity))
 
 
@@ -480,7 +482,7 @@ def run_managed(
         service.advance(1)
         for work_event in collector.take():
             _route(runs, work_event, t)
-        samples.append(_sample(service.driver, t))
+        samples.append(_sample(service.driver.device_state(0), t))
         if progress is not None:
             progress(t)
     result = _finish(

@@ -153,7 +153,6 @@ class _ThreadedHandle(SinkHandle):
         self._cond = threading.Condition()
         self._queue: deque[Batch] = deque()
         self._count = 0
-        self._busy = False
         self._closing = False
         self._thread = threading.Thread(target=self._run, name=f"npu-sink-{name}", daemon=True)
         self._thread.start()
@@ -171,23 +170,15 @@ class _ThreadedHandle(SinkHandle):
             self._count += len(batch)
             self._cond.notify()
 
-    def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until the worker has handed over everything queued; False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout_s)
-
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._busy = False
-                self._cond.notify_all()
                 self._cond.wait_for(lambda: self._queue or self._closing)
                 if not self._queue:
                     return
                 batches = list(self._queue)
                 self._queue.clear()
                 self._count = 0
-                self._busy = True
             self._deliver(batches)
 
     def close(self, timeout_s: float) -> None:
@@ -213,9 +204,15 @@ class TelemetryHub:
         self.close_timeout_s = close_timeout_s
         self._handles: list[SinkHandle] = []
         self._debouncing: list[SinkHandle] = []
+        self._dirty = False
 
     def __bool__(self) -> bool:
         return bool(self._handles)
+
+    @property
+    def debouncing(self) -> bool:
+        """True if some sink holds work events back: `step()` must then be called."""
+        return bool(self._debouncing)
 
     @property
     def handles(self) -> list[SinkHandle]:
@@ -262,6 +259,7 @@ class TelemetryHub:
 
     def publish_work(self, events: Sequence[WorkEvent]) -> None:
         """Raw work events in time order: each sink gets them through its own debouncer."""
+        self._dirty = True
         for handle in self._handles:
             debouncer = handle.debouncer
             if debouncer is None:
@@ -273,6 +271,7 @@ class TelemetryHub:
 
     def publish(self, events: Batch) -> None:
         """Events that are not debounced (model loads, device samples), to every sink."""
+        self._dirty = True
         for handle in self._handles:
             handle.put(events)
 
@@ -283,10 +282,14 @@ class TelemetryHub:
             assert debouncer is not None
             due = debouncer.next_due_us()
             if due is not None and due <= now_us:
+                self._dirty = True
                 handle.put(debouncer.flush_due(now_us))
 
     def drain(self) -> None:
         """A step boundary: inline handles deliver what they hold."""
+        if not self._dirty:
+            return
+        self._dirty = False
         for handle in self._handles:
             handle.drain()
 

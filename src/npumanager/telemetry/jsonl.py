@@ -7,7 +7,6 @@ is the newest backup, at most `backup_count` are kept (0: the file is simply res
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +22,7 @@ from npumanager.schemas.limits import (
     LOG_DIR_APP_NAME,
 )
 from npumanager.telemetry.events import TelemetryEvent
-from npumanager.telemetry.records import to_record
+from npumanager.telemetry.records import to_json_line
 from npumanager.vendor_drivers.simulated import check_int
 
 
@@ -48,14 +47,16 @@ class JsonlSink:
         self.max_bytes = check_int("max_bytes", max_bytes, 1, 1 << 50)
         self.backup_count = check_int("backup_count", backup_count, 0, 1000)
         self._file: IO[str] | None = None
+        self._size = 0
         self._flushed_at = time.monotonic()
 
     def handle(self, batch: Sequence[TelemetryEvent]) -> None:
         """Write the batch, one line an event; flush at most once a second."""
         file = self._file or self._open()
-        dumps = json.dumps
-        file.write("".join(dumps(to_record(event)) + "\n" for event in batch))
-        if file.tell() >= self.max_bytes:
+        text = "".join([to_json_line(event) for event in batch])
+        file.write(text)
+        self._size += len(text)  # json.dumps writes ASCII only: characters are bytes
+        if self._size >= self.max_bytes:
             self._rotate()
             return
         now = time.monotonic()
@@ -66,6 +67,7 @@ class JsonlSink:
     def _open(self) -> IO[str]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")
+        self._size = self.path.stat().st_size
         return self._file
 
     def _rotate(self) -> None:

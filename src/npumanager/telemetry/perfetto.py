@@ -38,6 +38,9 @@ THERMAL_TID = 1 << 20
 PIDS_PER_SINK = MAX_DEVICES + 1
 """Process ids one sink uses from its `pid_base`: the model-load process, then a device each."""
 _RUNNING_AT_END = "RUNNING_AT_END"
+_START_NAMES = {member.value: member.name for member in StartReason}
+_END_NAMES = {member.value: member.name for member in EndReason}
+_SEVERITY_NAMES = {member.value: member.name for member in ThermalSeverity}
 
 
 def _meta(name: str, pid: int, tid: int | None, value: Any) -> dict[str, Any]:
@@ -92,7 +95,7 @@ class PerfettoSink(EventSink):
         pid = self._device_pid(device)
         tid = lane + 1
         self._thread(pid, tid, f"channel lane {lane}")
-        end = EndReason(closed.end.reason).name if closed is not None else _RUNNING_AT_END
+        end = _END_NAMES[closed.end.reason] if closed is not None else _RUNNING_AT_END
         self._events.append(
             {
                 "ph": "X",
@@ -108,7 +111,7 @@ class PerfettoSink(EventSink):
                     "original_uid": start.original_uid,
                     "job_priority": start.job_priority,
                     "effective_priority": start.effective_priority,
-                    "start": StartReason(start.reason).name,
+                    "start": _START_NAMES[start.reason],
                     "end": end,
                 },
             }
@@ -133,12 +136,12 @@ class PerfettoSink(EventSink):
                     "ph": "i",
                     "s": "t",
                     "cat": "thermal",
-                    "name": f"thermal {ThermalSeverity(sample.severity).name}",
+                    "name": f"thermal {_SEVERITY_NAMES[sample.severity]}",
                     "pid": pid,
                     "tid": THERMAL_TID,
                     "ts": ts,
                     "args": {
-                        "from": ThermalSeverity(before).name,
+                        "from": _SEVERITY_NAMES[before],
                         "temperature_c": sample.temperature_mc / 1000,
                     },
                 }

@@ -10,6 +10,7 @@ took (`can_load_now`, `loaded`, `unload_requested`, ...); and, by device,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -17,7 +18,7 @@ from prometheus_client.exposition import generate_latest
 
 from npumanager.core.events import NO_REASON, EventKind, WorkEvent
 from npumanager.errors import IllegalArgumentError
-from npumanager.schemas import EndReason, StartReason, ThermalSeverity
+from npumanager.schemas import EndReason, StartReason
 from npumanager.schemas.limits import WORK_DURATION_BUCKETS_S
 from npumanager.telemetry.base import EventSink
 from npumanager.telemetry.events import (
@@ -25,6 +26,7 @@ from npumanager.telemetry.events import (
     ModelLoadRequested,
     ModelLoadState,
     ModelLoadStateChanged,
+    TelemetryEvent,
 )
 from npumanager.vendor_drivers.simulated import check_int
 
@@ -78,6 +80,10 @@ class PrometheusSink(EventSink):
         self._ends = _labels(EndReason)
         self._states = _labels(ModelLoadState)
         self._began: dict[int, int] = {}
+        self._children: dict[tuple[Any, ...], Any] = {}
+        self._counts: dict[tuple[Any, ...], int] = {}
+        self._samples: dict[int, DeviceSample] = {}
+        """Labelled metrics by (metric, labels...): `labels()` is too dear per event."""
         self._server: Any = None
         self.port: int | None = None
         """The port the metrics are served on (the one bound when 0 was asked), or None."""
@@ -86,13 +92,31 @@ class PrometheusSink(EventSink):
             self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
             self.port = int(self._server.server_port)
 
+    def handle(self, batch: Sequence[TelemetryEvent]) -> None:
+        """Count the batch, then update each metric once per label set it touched."""
+        super().handle(batch)
+        counts, self._counts = self._counts, {}
+        for (metric, *labels), amount in counts.items():
+            self._child(metric, *labels).inc(amount)
+        samples, self._samples = self._samples, {}
+        for sample in samples.values():
+            device = str(sample.device)
+            self._child(self.memory, device).set(sample.weight_memory_used_bytes)
+            self._child(self.capacity, device).set(sample.weight_memory_bytes)
+            self._child(self.temperature, device).set(sample.temperature_mc / 1000)
+            self._child(self.severity, device).set(sample.severity)
+            self._child(self.busy, device).set(sample.busy_channels)
+
+    def _count(self, key: tuple[Any, ...]) -> None:
+        self._counts[key] = self._counts.get(key, 0) + 1
+
     def on_model_load_requested(self, event: ModelLoadRequested) -> None:
         """Counted as status `requested`."""
-        self.model_loads.labels("requested").inc()
+        self._count((self.model_loads, "requested"))
 
     def on_model_load_state_changed(self, event: ModelLoadStateChanged) -> None:
         """Counted under the state's name."""
-        self.model_loads.labels(self._states[event.state]).inc()
+        self._count((self.model_loads, self._states[event.state]))
 
     def on_work(self, event: WorkEvent) -> None:
         """Counted by kind and reason; a final ENDED also gives a duration."""
@@ -109,17 +133,19 @@ class PrometheusSink(EventSink):
                 began = self._began.pop(event.id, None)
                 if began is not None:
                     seconds = (event.time_us - began) / _US_PER_S
-                    self.work_duration.labels(reason).observe(seconds)
-        self.work_events.labels(self._kinds[kind], reason).inc()
+                    self._child(self.work_duration, reason).observe(seconds)
+        self._count((self.work_events, self._kinds[kind], reason))
 
     def on_device_sample(self, sample: DeviceSample) -> None:
-        """The device's gauges."""
-        device = str(sample.device)
-        self.memory.labels(device).set(sample.weight_memory_used_bytes)
-        self.capacity.labels(device).set(sample.weight_memory_bytes)
-        self.temperature.labels(device).set(sample.temperature_mc / 1000)
-        self.severity.labels(device).set(int(ThermalSeverity(sample.severity)))
-        self.busy.labels(device).set(sample.busy_channels)
+        """Only a batch's last sample of each device sets the gauges."""
+        self._samples[sample.device] = sample
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (metric, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def exposition(self) -> str:
         """The Prometheus text format of every metric now."""

@@ -7,6 +7,7 @@ group ids as UUID strings. Each type's key list is worked out once, not per even
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable
 from enum import IntEnum
@@ -54,13 +55,14 @@ def _keys(kind: type) -> tuple[str, ...]:
 _KEYS = {kind: _keys(kind) for kind in TYPE_NAMES}
 
 
-def _name(enum: type[IntEnum], value: int) -> str | None:
+def _name(enum: type[IntEnum], value: int) -> str | int | None:
+    """A member's name; an unknown value stays a number."""
     if value == NO_VALUE:
         return None
     try:
         return enum(value).name
     except ValueError:
-        return str(value)
+        return value
 
 
 def _work(record: dict[str, Any], event: Any) -> None:
@@ -102,3 +104,89 @@ def to_record(event: TelemetryEvent) -> dict[str, Any]:
     record.update(zip(_KEYS[kind], event, strict=True))
     _NAMES[kind](record, event)
     return record
+
+
+_TEXT_FIELDS = frozenset(
+    {"kind", "reason", "group_id", "debug_feature_id", "size", "priority", "state"}
+    | {"unload_reason", "severity", "weight_bytes", "device"}
+)
+"""Fields written as a JSON fragment (a name, a string, null) rather than a bare int."""
+
+
+def _line_template(kind: type) -> str:
+    fields: tuple[str, ...] = kind._fields  # type: ignore[attr-defined]
+    parts = [f'"type":"{TYPE_NAMES[kind]}"']
+    for field, key in zip(fields, _KEYS[kind], strict=True):
+        parts.append(f'"{key}":' + ("%s" if field in _TEXT_FIELDS else "%d"))
+    return "{" + ",".join(parts) + "}\n"
+
+
+_TEMPLATES = {kind: _line_template(kind) for kind in TYPE_NAMES}
+
+
+def _names_json(enum: type[IntEnum]) -> dict[int, str]:
+    return {member.value: f'"{member.name}"' for member in enum} | {NO_VALUE: "null"}
+
+
+_KIND_JSON = _names_json(EventKind)
+_START_JSON = _names_json(StartReason)
+_END_JSON = _names_json(EndReason)
+_SIZE_JSON = _names_json(ModelSize)
+_PRIORITY_JSON = _names_json(ModelPriority)
+_STATE_JSON = _names_json(ModelLoadState)
+_UNLOAD_JSON = _names_json(UnloadReason)
+_SEVERITY_JSON = _names_json(ThermalSeverity)
+_strings: dict[str, str] = {}
+
+
+def _string(value: str | None) -> str:
+    if value is None:
+        return "null"
+    encoded = _strings.get(value)
+    if encoded is None:
+        if len(_strings) > 4096:
+            _strings.clear()
+        encoded = _strings[value] = json.dumps(value)
+    return encoded
+
+
+def _int_or_null(value: int) -> str:
+    return "null" if value == NO_VALUE else str(value)
+
+
+def _enum_json(table: dict[int, str], value: int) -> str:
+    found = table.get(value)
+    return found if found is not None else str(value)
+
+
+def to_json_line(event: TelemetryEvent) -> str:
+    """`json.dumps(to_record(event))` plus a newline, written without the dict (hot path)."""
+    kind = type(event)
+    template = _TEMPLATES[kind]
+    if kind is WorkEvent:
+        e: Any = event
+        reasons = _START_JSON if e.kind == EventKind.STARTED else _END_JSON
+        reason = "null" if e.reason == NO_REASON else _enum_json(reasons, e.reason)
+        group = "null" if e.group_id is None else f'"{uuid.UUID(bytes=e.group_id)}"'
+        return template % (
+            _KIND_JSON[e.kind], reason, e.id, group, e.uid, e.debug_pid, e.original_uid,
+            _string(e.debug_feature_id), e.job_priority, e.effective_priority,
+            e.timestamp_ms, e.device_number, e.time_us, e.model,
+        )  # fmt: skip
+    if kind is DeviceSample:
+        s: Any = event
+        return template % (
+            s.device, s.temperature_mc, _enum_json(_SEVERITY_JSON, s.severity),
+            s.weight_memory_used_bytes, s.weight_memory_bytes, s.busy_channels, s.time_us,
+        )  # fmt: skip
+    m: Any = event
+    head = (
+        m.uid, m.client, m.request_id,
+        _enum_json(_SIZE_JSON, m.size), _enum_json(_PRIORITY_JSON, m.priority),
+    )  # fmt: skip
+    if kind is ModelLoadRequested:
+        return template % (*head, _int_or_null(m.weight_bytes), m.time_us)
+    return template % (
+        *head, _enum_json(_STATE_JSON, m.state), _enum_json(_UNLOAD_JSON, m.unload_reason),
+        _int_or_null(m.device), m.time_us,
+    )  # fmt: skip

@@ -1,0 +1,157 @@
+"""What telemetry costs: events per second into a sink, and the demo with every sink on.
+
+* throughput: a bulk workload on vnpu (periodic generators in C); its events come back as
+  `WorkEvent` batches through the driver, into a `TelemetryHub` and, through each sink's
+  own `Debouncer`, into a sink that counts batches. Measured raw (window 0) and with the
+  platform's 50 ms window; events per second count every raw event the driver produced.
+* demo: the demo scenario's two runs (direct and managed, virtual time) without sinks and
+  with all built-in sinks (jsonl, perfetto writing its file, prometheus, memory),
+  alternating in one process; the ratio of the medians is the cost of telemetry.
+
+Usage: python benchmarks/telemetry.py [--json] [--items N] [--repeats R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from npumanager.core.events import WorkEvent
+from npumanager.core.plugins import PluginRegistry, load_plugins
+from npumanager.simulation.runner import run_direct, run_managed
+from npumanager.simulation.scenario import load_scenario
+from npumanager.telemetry import TelemetryHub
+from npumanager.vendor_drivers.vnpu import VnpuDriver
+
+GENERATORS = 4
+COST_CYCLES = 3_000
+"""3 us at 1000 MHz; four generators, one arrival a microsecond: the channels stay busy."""
+STEP_US = 20_000
+QUEUE = 1 << 20
+
+
+class CountingSink:
+    """A batch sink that only counts."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.batches = 0
+
+    def handle(self, batch: Sequence[object]) -> None:
+        self.events += len(batch)
+        self.batches += 1
+
+
+class _HubCallback:
+    def __init__(self, hub: TelemetryHub) -> None:
+        self.hub = hub
+        self.raw = 0
+
+    def on_work_events(self, events: Sequence[WorkEvent]) -> None:
+        self.raw += len(events)
+        self.hub.publish_work(events)
+
+
+def throughput(items: int, window_ms: int) -> tuple[float, int, int]:
+    """Raw events per second through the hub, raw events, events the sink received."""
+    driver = VnpuDriver(1, max_live_work=1 << 20)
+    model = driver.load_model(0, weight_bytes=1)
+    per = items // GENERATORS
+    for index in range(GENERATORS):
+        driver.add_periodic(
+            model,
+            uid=10_000 + index,
+            cost_cycles=COST_CYCLES,
+            period_us=GENERATORS,
+            count=per,
+            start_us=index,
+            job_priority=index * 300,
+        )
+    hub = TelemetryHub(threaded=False, close_timeout_s=5)
+    sink = CountingSink()
+    hub.add(sink, name="count", debounce_duration_ms=window_ms, queue_size=QUEUE)
+    callback = _HubCallback(hub)
+    driver.set_callback(callback, debounce_duration_ms=0)
+    end = per * GENERATORS + 1_000
+    start = time.perf_counter()
+    while driver.now_us < end or not driver.engine.idle():
+        driver.advance(STEP_US)
+        hub.step(driver.now_us)
+        hub.drain()
+    hub.close()
+    elapsed = time.perf_counter() - start
+    driver.close()
+    return callback.raw / elapsed, callback.raw, sink.events
+
+
+def all_sinks(registry: PluginRegistry, folder: Path, run: int) -> list[Any]:
+    """One of every built-in sink, fresh for one run."""
+    return [
+        registry.sink("jsonl").factory(path=folder / f"events-{run}.jsonl"),
+        registry.sink("perfetto").factory(path=folder / f"trace-{run}.json"),
+        registry.sink("prometheus").factory(),
+        registry.sink("memory").factory(),
+    ]
+
+
+def demo_once(with_sinks: bool, folder: Path, run: int) -> float:
+    """Seconds for the demo's direct and managed runs."""
+    scenario = load_scenario(Path(str(resources.files("npumanager") / "scenarios" / "demo.toml")))
+    registry = load_plugins()
+    start = time.perf_counter()
+    sinks = all_sinks(registry, folder, 2 * run) if with_sinks else []
+    run_direct(scenario, "vnpu", registry, sinks=sinks)
+    sinks = all_sinks(registry, folder, 2 * run + 1) if with_sinks else []
+    run_managed(scenario, "vnpu", registry, sinks=sinks)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--items", type=int, default=500_000, help="jobs in the bulk workload")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per figure; medians")
+    args = parser.parse_args()
+
+    raw = [throughput(args.items, 0) for _ in range(args.repeats)]
+    debounced = [throughput(args.items, 50) for _ in range(args.repeats)]
+    bare: list[float] = []
+    full: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        demo_once(False, Path(tmp), 0)  # warm up: imports, caches
+        for run in range(args.repeats):
+            bare.append(demo_once(False, Path(tmp), run))
+            full.append(demo_once(True, Path(tmp), run))
+    bare_s, full_s = statistics.median(bare), statistics.median(full)
+    result = {
+        "raw_events_per_s": round(statistics.median(r for r, _, _ in raw)),
+        "debounced_50ms_events_per_s": round(statistics.median(r for r, _, _ in debounced)),
+        "events_per_run": raw[0][1],
+        "delivered_raw": raw[0][2],
+        "delivered_debounced_50ms": debounced[0][2],
+        "demo_no_sinks_s": round(bare_s, 4),
+        "demo_all_sinks_s": round(full_s, 4),
+        "demo_ratio": round(full_s / bare_s, 3),
+        "demo_runs_s": {
+            "no_sinks": [round(x, 4) for x in bare],
+            "all_sinks": [round(x, 4) for x in full],
+        },
+        "items": args.items,
+        "repeats": args.repeats,
+    }
+    if args.json:
+        print(json.dumps(result))
+        return
+    for key, value in result.items():
+        print(f"{key:30} {value}")
+
+
+if __name__ == "__main__":
+    main()
