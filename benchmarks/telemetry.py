@@ -4,9 +4,10 @@
   `WorkEvent` batches through the driver, into a `TelemetryHub` and, through each sink's
   own `Debouncer`, into a sink that counts batches. Measured raw (window 0) and with the
   platform's 50 ms window; events per second count every raw event the driver produced.
-* demo: the demo scenario's two runs (direct and managed, virtual time) without sinks and
-  with all built-in sinks (jsonl, perfetto writing its file, prometheus, memory),
-  alternating in one process; the ratio of the medians is the cost of telemetry.
+* demo: the demo scenario's two runs (direct and managed, virtual time) without sinks,
+  with each built-in sink alone and with all of them (jsonl, perfetto writing its file,
+  prometheus, memory), interleaved in one process; the ratios of the medians against the
+  run without sinks are the cost of telemetry.
 
 Usage: python benchmarks/telemetry.py [--json] [--items N] [--repeats R]
 """
@@ -91,25 +92,25 @@ def throughput(items: int, window_ms: int) -> tuple[float, int, int]:
     return callback.raw / elapsed, callback.raw, sink.events
 
 
-def all_sinks(registry: PluginRegistry, folder: Path, run: int) -> list[Any]:
-    """One of every built-in sink, fresh for one run."""
-    return [
-        registry.sink("jsonl").factory(path=folder / f"events-{run}.jsonl"),
-        registry.sink("perfetto").factory(path=folder / f"trace-{run}.json"),
-        registry.sink("prometheus").factory(),
-        registry.sink("memory").factory(),
-    ]
+SINKS = ("jsonl", "perfetto", "prometheus", "memory")
 
 
-def demo_once(with_sinks: bool, folder: Path, run: int) -> float:
-    """Seconds for the demo's direct and managed runs."""
+def make_sinks(registry: PluginRegistry, names: Sequence[str], folder: Path, run: int) -> list[Any]:
+    """Fresh sinks of these names for one run; the file sinks write into `folder`."""
+    options: dict[str, dict[str, Any]] = {
+        "jsonl": {"path": folder / f"events-{run}.jsonl"},
+        "perfetto": {"path": folder / f"trace-{run}.json"},
+    }
+    return [registry.sink(name).factory(**options.get(name, {})) for name in names]
+
+
+def demo_once(names: Sequence[str], folder: Path, run: int) -> float:
+    """Seconds for the demo's direct and managed runs with these sinks on."""
     scenario = load_scenario(Path(str(resources.files("npumanager") / "scenarios" / "demo.toml")))
     registry = load_plugins()
     start = time.perf_counter()
-    sinks = all_sinks(registry, folder, 2 * run) if with_sinks else []
-    run_direct(scenario, "vnpu", registry, sinks=sinks)
-    sinks = all_sinks(registry, folder, 2 * run + 1) if with_sinks else []
-    run_managed(scenario, "vnpu", registry, sinks=sinks)
+    run_direct(scenario, "vnpu", registry, sinks=make_sinks(registry, names, folder, 2 * run))
+    run_managed(scenario, "vnpu", registry, sinks=make_sinks(registry, names, folder, 2 * run + 1))
     return time.perf_counter() - start
 
 
@@ -122,14 +123,15 @@ def main() -> None:
 
     raw = [throughput(args.items, 0) for _ in range(args.repeats)]
     debounced = [throughput(args.items, 50) for _ in range(args.repeats)]
-    bare: list[float] = []
-    full: list[float] = []
+    configs: dict[str, tuple[str, ...]] = {"none": (), **{n: (n,) for n in SINKS}, "all": SINKS}
+    times: dict[str, list[float]] = {name: [] for name in configs}
     with tempfile.TemporaryDirectory() as tmp:
-        demo_once(False, Path(tmp), 0)  # warm up: imports, caches
+        demo_once(SINKS, Path(tmp), 0)  # warm up: imports, caches
         for run in range(args.repeats):
-            bare.append(demo_once(False, Path(tmp), run))
-            full.append(demo_once(True, Path(tmp), run))
-    bare_s, full_s = statistics.median(bare), statistics.median(full)
+            for name, names in configs.items():
+                times[name].append(demo_once(names, Path(tmp), run))
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    bare_s, full_s = medians["none"], medians["all"]
     result = {
         "raw_events_per_s": round(statistics.median(r for r, _, _ in raw)),
         "debounced_50ms_events_per_s": round(statistics.median(r for r, _, _ in debounced)),
@@ -139,10 +141,8 @@ def main() -> None:
         "demo_no_sinks_s": round(bare_s, 4),
         "demo_all_sinks_s": round(full_s, 4),
         "demo_ratio": round(full_s / bare_s, 3),
-        "demo_runs_s": {
-            "no_sinks": [round(x, 4) for x in bare],
-            "all_sinks": [round(x, 4) for x in full],
-        },
+        "demo_ratio_by_sink": {n: round(medians[n] / bare_s, 3) for n in SINKS},
+        "demo_runs_s": {name: [round(x, 4) for x in values] for name, values in times.items()},
         "items": args.items,
         "repeats": args.repeats,
     }

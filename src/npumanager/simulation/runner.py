@@ -33,7 +33,7 @@ from npumanager.schemas.limits import (
     SINK_CLOSE_TIMEOUT_S,
 )
 from npumanager.simulation.scenario import App, Scenario
-from npumanager.telemetry import ModelLoadState, ModelLoadStateChanged, TelemetryHub
+from npumanager.telemetry import NO_VALUE, ModelLoadState, ModelLoadStateChanged, TelemetryHub
 from npumanager.telemetry.health import HealthSampler
 
 MS_US = 1000
@@ -233,15 +233,15 @@ class _DirectTelemetry:
         if self.hub:
             app = run.app
             event = ModelLoadStateChanged(
-                app.uid,
-                0,
-                app.uid,
-                app.size_class,
-                app.priority,
-                state,
-                -1,
-                app.device,
-                self.npu.now_us,
+                uid=app.uid,
+                client=0,
+                request_id=app.uid,
+                size=app.size_class,
+                priority=app.priority,
+                state=state,
+                unload_reason=NO_VALUE,
+                device=app.device,
+                time_us=self.npu.now_us,
             )
             self.hub.publish((event,))
 

@@ -214,11 +214,6 @@ class TelemetryHub:
         """True if some sink holds work events back: `step()` must then be called."""
         return bool(self._debouncing)
 
-    @property
-    def handles(self) -> list[SinkHandle]:
-        """The registrations, in order."""
-        return list(self._handles)
-
     @staticmethod
     def check_options(debounce_duration_ms: int, queue_size: int) -> tuple[int, int]:
         """The registration options, checked: a window in ms (0 = raw) and a queue size."""

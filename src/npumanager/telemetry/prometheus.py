@@ -81,7 +81,7 @@ class PrometheusSink(EventSink):
         self._states = _labels(ModelLoadState)
         self._began: dict[int, int] = {}
         self._children: dict[tuple[Any, ...], Any] = {}
-        self._counts: dict[tuple[Any, ...], int] = {}
+        self._counts: dict[Any, int] = {}
         self._samples: dict[int, DeviceSample] = {}
         """Labelled metrics by (metric, labels...): `labels()` is too dear per event."""
         self._server: Any = None
@@ -95,28 +95,31 @@ class PrometheusSink(EventSink):
     def handle(self, batch: Sequence[TelemetryEvent]) -> None:
         """Count the batch, then update each metric once per label set it touched."""
         super().handle(batch)
-        counts, self._counts = self._counts, {}
-        for (metric, *labels), amount in counts.items():
-            self._child(metric, *labels).inc(amount)
-        samples, self._samples = self._samples, {}
-        for sample in samples.values():
-            device = str(sample.device)
-            self._child(self.memory, device).set(sample.weight_memory_used_bytes)
-            self._child(self.capacity, device).set(sample.weight_memory_bytes)
-            self._child(self.temperature, device).set(sample.temperature_mc / 1000)
-            self._child(self.severity, device).set(sample.severity)
-            self._child(self.busy, device).set(sample.busy_channels)
+        if self._counts:
+            counts, self._counts = self._counts, {}
+            for child, amount in counts.items():
+                child.inc(amount)
+        if self._samples:
+            samples, self._samples = self._samples, {}
+            for sample in samples.values():
+                device = str(sample.device)
+                self._child(self.memory, device).set(sample.weight_memory_used_bytes)
+                self._child(self.capacity, device).set(sample.weight_memory_bytes)
+                self._child(self.temperature, device).set(sample.temperature_mc / 1000)
+                self._child(self.severity, device).set(sample.severity)
+                self._child(self.busy, device).set(sample.busy_channels)
 
-    def _count(self, key: tuple[Any, ...]) -> None:
-        self._counts[key] = self._counts.get(key, 0) + 1
+    def _count(self, metric: Any, *labels: str) -> None:
+        child = self._child(metric, *labels)
+        self._counts[child] = self._counts.get(child, 0) + 1
 
     def on_model_load_requested(self, event: ModelLoadRequested) -> None:
         """Counted as status `requested`."""
-        self._count((self.model_loads, "requested"))
+        self._count(self.model_loads, "requested")
 
     def on_model_load_state_changed(self, event: ModelLoadStateChanged) -> None:
         """Counted under the state's name."""
-        self._count((self.model_loads, self._states[event.state]))
+        self._count(self.model_loads, self._states[event.state])
 
     def on_work(self, event: WorkEvent) -> None:
         """Counted by kind and reason; a final ENDED also gives a duration."""
@@ -134,7 +137,7 @@ class PrometheusSink(EventSink):
                 if began is not None:
                     seconds = (event.time_us - began) / _US_PER_S
                     self._child(self.work_duration, reason).observe(seconds)
-        self._count((self.work_events, self._kinds[kind], reason))
+        self._count(self.work_events, self._kinds[kind], reason)
 
     def on_device_sample(self, sample: DeviceSample) -> None:
         """Only a batch's last sample of each device sets the gauges."""
