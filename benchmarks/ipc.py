@@ -8,6 +8,8 @@
   (an inline executor), so this is the protocol's cost; `rpc_dispatch_*` is the same
   with the default executor, one more thread hop to the dispatcher. Each request is
   cancelled before the next (not timed).
+* raw: the same request sent by a single-threaded client that speaks the protocol
+  itself (no reader thread, no callbacks): the daemon's and the kernel's share of rpc.
 
 Rounds alternate echo and rpc so both see the same machine; figures are medians over
 rounds of per-round percentiles.
@@ -107,6 +109,31 @@ def rpc_round(
     return out
 
 
+def raw_round(sock: socket.socket, samples: int, first_id: int) -> list[float]:
+    """Request-to-decision times with the protocol spoken directly, in microseconds."""
+    reader = wire.FrameReader()
+    waiting: list[object] = []
+
+    def take(count: int) -> None:
+        while len(waiting) < count:
+            waiting.extend(wire.parse_daemon(body) for body in reader.feed(sock.recv(65536)))
+        del waiting[:count]
+
+    out = []
+    for i in range(first_id, first_id + samples):
+        request = wire.RequestCanLoad(
+            seq=2 * i + 1, request=npu.ModelLoadRequest.Builder(i).build(), uses_feature=True
+        )
+        start = time.perf_counter_ns()
+        sock.sendall(wire.encode(request))
+        take(1)  # the decision comes first, then the reply
+        out.append((time.perf_counter_ns() - start) / 1000)
+        take(1)
+        sock.sendall(wire.encode(wire.CancelLoad(seq=2 * i + 2, request_id=i)))
+        take(2)
+    return out
+
+
 _HOLDER = """
 import sys, time, npumanager as npu
 m = npu.connect(sys.argv[1], uses_feature=True)
@@ -180,53 +207,62 @@ def _serve(path: Path, *args: str) -> subprocess.Popen[bytes]:
     return daemon
 
 
-def measure(samples: int, rounds: int, trials: int) -> dict[str, Any]:
-    """Run echo and rpc rounds in turn; medians of the per-round p50 and p99."""
-    with tempfile.TemporaryDirectory() as tmp:
-        echo_path = os.path.join(tmp, "echo.sock")
-        ready = multiprocessing.Event()
-        echo = multiprocessing.Process(target=_echo_server, args=(echo_path, ready), daemon=True)
-        echo.start()
-        ready.wait(10)
-        echo_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        echo_sock.connect(echo_path)
+def _start_echo(tmp: str) -> tuple[multiprocessing.Process, socket.socket]:
+    path = os.path.join(tmp, "echo.sock")
+    ready = multiprocessing.Event()
+    echo = multiprocessing.Process(target=_echo_server, args=(path, ready), daemon=True)
+    echo.start()
+    ready.wait(10)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    return echo, sock
 
-        daemon_path = Path(tmp) / "npu.sock"
-        daemon = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "npumanager",
-                "serve",
-                "--socket",
-                str(daemon_path),
-                "--log-level",
-                "warning",
-            ],
-            stderr=subprocess.PIPE,
-        )
-        try:
-            _wait_for(daemon_path, daemon)
-            manager = npu.connect(daemon_path, uses_feature=True)
-            rows: dict[str, list[tuple[float, float]]] = {"echo": [], "rpc": [], "dispatch": []}
-            echo_round(echo_sock, samples)  # warm-up
-            rpc_round(manager, samples, 0, run_inline)
-            next_id = samples
-            for _ in range(rounds):
-                for name, figures in rows.items():
-                    if name == "echo":
-                        times = echo_round(echo_sock, samples)
-                    else:
-                        executor = run_inline if name == "rpc" else None
-                        times = rpc_round(manager, samples, next_id, executor)
-                        next_id += samples
-                    figures.append((_percentile(times, 0.5), _percentile(times, 0.99)))
-            manager.close()
-        finally:
-            daemon.terminate()
-            daemon.wait(10)
-            echo_sock.close()
-            echo.terminate()
+
+def _raw_client(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(path))
+    sock.sendall(wire.encode(wire.HELLO))
+    sock.recv(65536)  # the welcome
+    return sock
+
+
+def latency_rounds(tmp: str, samples: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """(p50, p99) of every round of each kind, the kinds taking turns."""
+    echo, echo_sock = _start_echo(tmp)
+    daemon_path = Path(tmp) / "npu.sock"
+    daemon = _serve(daemon_path)
+    rows: dict[str, list[tuple[float, float]]] = {"echo": [], "rpc": [], "dispatch": [], "raw": []}
+    try:
+        manager = npu.connect(daemon_path, uses_feature=True)
+        raw = _raw_client(daemon_path)
+        echo_round(echo_sock, samples)  # warm-up
+        rpc_round(manager, samples, 0, run_inline)
+        next_id = samples
+        for _ in range(rounds):
+            for name, figures in rows.items():
+                if name == "echo":
+                    times = echo_round(echo_sock, samples)
+                elif name == "raw":
+                    times = raw_round(raw, samples, 10**9 + next_id)
+                else:
+                    executor = run_inline if name == "rpc" else None
+                    times = rpc_round(manager, samples, next_id, executor)
+                next_id += samples
+                figures.append((_percentile(times, 0.5), _percentile(times, 0.99)))
+        manager.close()
+        raw.close()
+    finally:
+        daemon.terminate()
+        daemon.wait(10)
+        echo_sock.close()
+        echo.terminate()
+    return rows
+
+
+def measure(samples: int, rounds: int, trials: int) -> dict[str, Any]:
+    """Latency rounds, then the death trials; medians of the per-round p50 and p99."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = latency_rounds(tmp, samples, rounds)
         turn_path = Path(tmp) / "turn.sock"
         daemon = _serve(turn_path, "--policy", "turn_taking")
         try:
@@ -248,6 +284,8 @@ def measure(samples: int, rounds: int, trials: int) -> dict[str, Any]:
         "rpc_p99_us": med("rpc", 1),
         "rpc_dispatch_p50_us": med("dispatch", 0),
         "rpc_dispatch_p99_us": med("dispatch", 1),
+        "raw_protocol_p50_us": med("raw", 0),
+        "raw_protocol_p99_us": med("raw", 1),
     }
     result["p50_ratio"] = round(result["rpc_p50_us"] / result["echo_p50_us"], 2)
     result["p99_ratio"] = round(result["rpc_p99_us"] / result["echo_p99_us"], 2)
