@@ -37,6 +37,7 @@ from daemon_support import (
 )
 from npumanager.core.events import EventKind, WorkEvent
 from npumanager.core.service import Service
+from npumanager.daemon.peer import answers
 from npumanager.daemon.server import Daemon
 from npumanager.schemas import EndReason, ModelLoadRequestStatus, ModelLoadStatus, UnloadReason
 
@@ -381,6 +382,49 @@ def test_a_remote_manager_refuses_virtual_time(start: Callable[..., DaemonProces
         assert backend.clock == "real" and not backend.quiescent()
         with pytest.raises(npu.IllegalArgumentError, match="needs a virtual clock"):
             backend.advance(1)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_out_of_descriptors_the_daemon_pauses_accepting_instead_of_spinning(
+    socket_dir: Path,
+) -> None:
+    import resource
+
+    path = socket_dir / "npu.sock"
+    log = (socket_dir / "serve.log").open("wb")
+    process = subprocess.Popen(serve_command(path), stderr=log)
+    resource.prlimit(process.pid, resource.RLIMIT_NOFILE, (64, 64))
+    daemon_log = socket_dir / "serve.log"
+    try:
+        _wait(lambda: answers(path))
+        socks = []
+        for _ in range(80):  # more than the daemon has descriptors for
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(str(path))  # the kernel queues what the daemon cannot accept
+            sock.sendall(HELLO)
+            socks.append(sock)
+        _wait(lambda: "cannot accept connections" in daemon_log.read_text())
+        before = _cpu_seconds(process.pid)
+        time.sleep(1.0)
+        assert _cpu_seconds(process.pid) - before < 0.5, "the daemon spins on accept"
+        for sock in socks[:60]:
+            sock.close()
+        last = socks[-1]
+        last.settimeout(10)
+        (size,) = struct.unpack(">I", last.recv(4))
+        assert json.loads(last.recv(size))["op"] == "welcome"  # accepted once fds came back
+        for sock in socks[60:]:
+            sock.close()
+        with npu.DaemonClient(path) as admin:
+            assert admin.info()["daemon"]["accept_pauses"] >= 1
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0, daemon_log.read_text()
+        log.close()
 
 
 # The CLI verbs --------------------------------------------------------------------------

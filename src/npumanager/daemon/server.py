@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 
 _RECV_BYTES = 1 << 16
 _LISTEN_BACKLOG = 512
+_ACCEPT_PAUSE_S = 0.1
+"""How long the daemon stops accepting when it runs out of file descriptors."""
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class DaemonStats:
@@ -68,6 +71,7 @@ class DaemonStats:
         self.internal_errors = 0
         self.dropped_slow = 0
         self.deaths = 0
+        self.accept_pauses = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Every counter, and the uptime in seconds."""
@@ -165,6 +169,7 @@ class Daemon:
         self._lock_fd: int | None = None
         self._stopping = False
         self._loop_thread: int | None = None
+        self._accept_resume_at: float | None = None
         self._handlers: dict[type[p.WireModel], Callable[[_Connection, Any], dict[str, Any] | None]]
         self._handlers = {
             p.RequestCanLoad: self._on_request,
@@ -223,8 +228,12 @@ class Daemon:
         select = self._selector.select
         try:
             while not self._stopping:
-                for key, mask in select():
+                resume = self._accept_resume_at
+                timeout = None if resume is None else max(0.0, resume - time.monotonic())
+                for key, mask in select(timeout):
                     key.data(key.fileobj, mask)
+                if resume is not None and time.monotonic() >= resume:
+                    self._resume_accepting()
                 self._turn()
         finally:
             self._shutdown()
@@ -268,7 +277,10 @@ class Daemon:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                log.warning("accept failed: %s", exc)
+                if exc.errno in _OUT_OF_DESCRIPTORS:
+                    self._pause_accepting(exc)
+                else:
+                    log.warning("accept failed: %s", exc)
                 return
             try:
                 peer = peer_credentials(sock)
@@ -281,6 +293,24 @@ class Daemon:
             self._connections[sock.fileno()] = connection
             self._selector.register(sock, selectors.EVENT_READ, self._io)
             self.stats.accepted += 1
+
+    def _pause_accepting(self, exc: OSError) -> None:
+        """Out of descriptors: stop accepting for a moment instead of spinning on accept."""
+        assert self._listener is not None
+        self._selector.unregister(self._listener)
+        self._accept_resume_at = time.monotonic() + _ACCEPT_PAUSE_S
+        self.stats.accept_pauses += 1
+        log.warning(
+            "cannot accept connections (%s); %d open, trying again in %g s",
+            exc.strerror,
+            len(self._connections),
+            _ACCEPT_PAUSE_S,
+        )
+
+    def _resume_accepting(self) -> None:
+        self._accept_resume_at = None
+        if self._listener is not None:
+            self._selector.register(self._listener, selectors.EVENT_READ, self._accept)
 
     def _io(self, sock: Any, mask: int) -> None:
         connection = self._connections.get(sock.fileno())
@@ -541,7 +571,8 @@ class Daemon:
             connection.manager = None  # the service is closed; nothing more to tell it
             self.drop(connection)
         if self._listener is not None:
-            self._selector.unregister(self._listener)
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(self._listener)
             self._listener.close()
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
