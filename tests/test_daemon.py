@@ -427,6 +427,33 @@ def test_out_of_descriptors_the_daemon_pauses_accepting_instead_of_spinning(
         log.close()
 
 
+def test_a_connection_that_never_says_hello_is_closed(socket_dir: Path) -> None:
+    service = Service("vnpu", clock="real")
+    daemon = Daemon(service, socket_dir / "npu.sock", hello_timeout_s=0.2)
+    daemon.bind()
+    thread = threading.Thread(target=daemon.serve_forever)
+    thread.start()
+    try:
+        polite = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        polite.connect(str(daemon.socket_path))
+        polite.sendall(HELLO)
+        replies = _raw_exchange(daemon.socket_path, [], timeout=10)
+        assert replies == [
+            {
+                "op": "error",
+                "seq": None,
+                "kind": "ProtocolError",
+                "message": "no hello within 0.2 s",
+            }
+        ]
+        time.sleep(0.3)
+        assert len(daemon.describe()["clients"]) == 1, "a connection that said hello stays"
+        polite.close()
+    finally:
+        daemon.stop()
+        thread.join(20)
+
+
 # The CLI verbs --------------------------------------------------------------------------
 
 

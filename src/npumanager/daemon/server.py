@@ -44,6 +44,7 @@ from npumanager.schemas import (
     UnloadReason,
 )
 from npumanager.schemas.limits import (
+    HELLO_TIMEOUT_S,
     MAX_OUTBOX_BYTES,
     PROTOCOL_VERSION,
     SOCKET_MODE,
@@ -154,11 +155,14 @@ class Daemon:
         *,
         socket_group: int | None = None,
         management_group: int | None = None,
+        hello_timeout_s: float = HELLO_TIMEOUT_S,
     ) -> None:
         self.service = service
         self.socket_path = Path(socket_path)
         self.socket_group = socket_group
         self.management_group = management_group
+        self.hello_timeout_s = hello_timeout_s
+        self._awaiting_hello: deque[tuple[float, _Connection]] = deque()
         self.stats = DaemonStats()
         self.dirty: set[_Connection] = set()
         self._connections: dict[int, _Connection] = {}
@@ -228,12 +232,9 @@ class Daemon:
         select = self._selector.select
         try:
             while not self._stopping:
-                resume = self._accept_resume_at
-                timeout = None if resume is None else max(0.0, resume - time.monotonic())
-                for key, mask in select(timeout):
+                for key, mask in select(self._timeout()):
                     key.data(key.fileobj, mask)
-                if resume is not None and time.monotonic() >= resume:
-                    self._resume_accepting()
+                self._on_time(time.monotonic())
                 self._turn()
         finally:
             self._shutdown()
@@ -292,7 +293,26 @@ class Daemon:
             connection = _Connection(self, sock, peer)
             self._connections[sock.fileno()] = connection
             self._selector.register(sock, selectors.EVENT_READ, self._io)
+            self._awaiting_hello.append((time.monotonic() + self.hello_timeout_s, connection))
             self.stats.accepted += 1
+
+    def _timeout(self) -> float | None:
+        """How long the loop may sleep: until accepting resumes or a hello is overdue."""
+        times = [self._accept_resume_at] if self._accept_resume_at is not None else []
+        if self._awaiting_hello:
+            times.append(self._awaiting_hello[0][0])
+        return max(0.0, min(times) - time.monotonic()) if times else None
+
+    def _on_time(self, now: float) -> None:
+        if self._accept_resume_at is not None and now >= self._accept_resume_at:
+            self._resume_accepting()
+        waiting = self._awaiting_hello
+        while waiting and (waiting[0][1].manager is not None or waiting[0][1].closed):
+            waiting.popleft()
+        while waiting and waiting[0][0] <= now:
+            _, connection = waiting.popleft()
+            if connection.manager is None and not connection.closed:
+                self._fatal(connection, f"no hello within {self.hello_timeout_s:g} s")
 
     def _pause_accepting(self, exc: OSError) -> None:
         """Out of descriptors: stop accepting for a moment instead of spinning on accept."""

@@ -73,6 +73,8 @@ FRAME_HEADER_BYTES: Final = 4
 """Every frame starts with its body's length as a big-endian unsigned 32-bit int."""
 MAX_OUTBOX_BYTES: Final = 8 << 20
 """Bytes the daemon queues for a client that does not read before it drops the client."""
+HELLO_TIMEOUT_S: Final = 10.0
+"""A daemon connection that has not said hello by then is closed."""
 SOCKET_MODE: Final = 0o660
 """The daemon's socket: read and write for its owner and group only."""
 
