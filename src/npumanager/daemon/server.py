@@ -21,34 +21,17 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from npumanager.core.client import LoadedModel, ModelLoadRequestCallback, NpuManager
 from npumanager.core.dispatch import Task
 from npumanager.core.service import Service
 from npumanager.daemon import protocol as p
-from npumanager.daemon.peer import PeerCredentials, answers, peer_credentials
-from npumanager.errors import (
-    DaemonError,
-    NpuManagerError,
-    NpuPermissionError,
-    UnknownModelError,
-    UnknownRequestError,
-)
-from npumanager.schemas import (
-    ModelLoadRequest,
-    ModelLoadRequestStatus,
-    ModelLoadStatus,
-    UnloadReason,
-)
-from npumanager.schemas.limits import (
-    HELLO_TIMEOUT_S,
-    MAX_OUTBOX_BYTES,
-    PROTOCOL_VERSION,
-    SOCKET_MODE,
-)
+from npumanager.daemon.calls import Calls, Handler
+from npumanager.daemon.connection import Connection
+from npumanager.daemon.peer import answers, peer_credentials
+from npumanager.errors import DaemonError, NpuManagerError
+from npumanager.schemas.limits import HELLO_TIMEOUT_S, PROTOCOL_VERSION, SOCKET_MODE
 
 log = logging.getLogger(__name__)
 
@@ -80,71 +63,6 @@ class DaemonStats:
         return {"uptime_s": round(time.monotonic() - self.started, 3), **counters}
 
 
-class _Connection:
-    """One client: its socket, the kernel's word on who it is, and what it holds."""
-
-    def __init__(self, daemon: Daemon, sock: socket.socket, peer: PeerCredentials) -> None:
-        self.daemon = daemon
-        self.sock = sock
-        self.peer = peer
-        self.reader = p.FrameReader()
-        self.outbox = bytearray()
-        self.manager: NpuManager | None = None
-        self.requests: dict[int, ModelLoadRequest] = {}
-        self.models: dict[int, LoadedModel] = {}
-        self.closed = False
-        self.writing = False
-        self.callback = _RemoteCallback(self)
-
-    def send(self, message: p.WireModel) -> None:
-        """Queue a message; it leaves at the end of the loop's turn."""
-        self.send_frame(p.encode(message))
-
-    def send_frame(self, frame: bytes) -> None:
-        """Queue an encoded frame; it leaves at the end of the loop's turn."""
-        if self.closed:
-            return
-        self.outbox += frame
-        self.daemon.stats.frames_out += 1
-        if len(self.outbox) > MAX_OUTBOX_BYTES:
-            self.daemon.stats.dropped_slow += 1
-            log.warning(
-                "dropping uid %d pid %d: it left %d bytes unread (limit %d)",
-                self.peer.uid,
-                self.peer.pid,
-                len(self.outbox),
-                MAX_OUTBOX_BYTES,
-            )
-            self.daemon.drop(self)
-            return
-        self.daemon.dirty.add(self)
-
-
-class _RemoteCallback(ModelLoadRequestCallback):
-    """The service's callback for a remote request: each call becomes a frame."""
-
-    def __init__(self, connection: _Connection) -> None:
-        self._connection = connection
-
-    def on_can_load_model(self, request: ModelLoadRequest, status: ModelLoadStatus, _: Any) -> None:
-        self._connection.send_frame(p.decision_frame(request.id, int(status)))
-
-    def on_request_unload_model(
-        self, request: ModelLoadRequest, reason: UnloadReason | None = None
-    ) -> None:
-        code = None if reason is None else int(reason)
-        self._connection.send_frame(p.unload_frame(request.id, code))
-
-    def on_model_load_request_complete(
-        self, request: ModelLoadRequest, status: ModelLoadRequestStatus
-    ) -> None:
-        connection = self._connection
-        connection.requests.pop(request.id, None)
-        for handle in [h for h, m in connection.models.items() if m.request.id == request.id]:
-            del connection.models[handle]
-        connection.send_frame(p.complete_frame(request.id, int(status)))
-
-
 class Daemon:
     """Serves one `Service` on a Unix socket until `stop()`."""
 
@@ -162,10 +80,10 @@ class Daemon:
         self.socket_group = socket_group
         self.management_group = management_group
         self.hello_timeout_s = hello_timeout_s
-        self._awaiting_hello: deque[tuple[float, _Connection]] = deque()
+        self._awaiting_hello: deque[tuple[float, Connection]] = deque()
         self.stats = DaemonStats()
-        self.dirty: set[_Connection] = set()
-        self._connections: dict[int, _Connection] = {}
+        self.dirty: set[Connection] = set()
+        self._connections: dict[int, Connection] = {}
         self._ready: deque[Task] = deque()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -174,20 +92,8 @@ class Daemon:
         self._stopping = False
         self._loop_thread: int | None = None
         self._accept_resume_at: float | None = None
-        self._handlers: dict[type[p.WireModel], Callable[[_Connection, Any], dict[str, Any] | None]]
-        self._handlers = {
-            p.RequestCanLoad: self._on_request,
-            p.CancelLoad: self._on_cancel,
-            p.NotifyLoaded: self._on_loaded,
-            p.NotifyUnloaded: self._on_unloaded,
-            p.LoadModel: self._on_load_model,
-            p.Submit: self._on_submit,
-            p.CancelWork: self._on_cancel_work,
-            p.SetPolicy: self._on_set_policy,
-            p.SetImportance: self._on_set_importance,
-            p.SetAccess: self._on_set_access,
-            p.Info: self._on_info,
-        }
+        self.calls = Calls(service, self.post, management_group)
+        self._handlers: dict[type[p.Call], Handler] = {**self.calls.handlers, p.Info: self._on_info}
 
     # Binding ----------------------------------------------------------------------------
 
@@ -290,7 +196,7 @@ class Daemon:
                 sock.close()
                 continue
             sock.setblocking(False)
-            connection = _Connection(self, sock, peer)
+            connection = Connection(self, sock, peer)
             self._connections[sock.fileno()] = connection
             self._selector.register(sock, selectors.EVENT_READ, self._io)
             self._awaiting_hello.append((time.monotonic() + self.hello_timeout_s, connection))
@@ -341,7 +247,7 @@ class Daemon:
         if mask & selectors.EVENT_READ and not connection.closed:
             self._read(connection)
 
-    def _read(self, connection: _Connection) -> None:
+    def _read(self, connection: Connection) -> None:
         try:
             data = connection.sock.recv(_RECV_BYTES)
         except (BlockingIOError, InterruptedError):
@@ -359,7 +265,7 @@ class Daemon:
         except p.ProtocolError as exc:
             self._fatal(connection, str(exc))
 
-    def _write(self, connection: _Connection) -> None:
+    def _write(self, connection: Connection) -> None:
         if connection.closed:
             return
         outbox = connection.outbox
@@ -380,7 +286,7 @@ class Daemon:
 
     # Frames -----------------------------------------------------------------------------
 
-    def _frame(self, connection: _Connection, body: bytes) -> None:
+    def _frame(self, connection: Connection, body: bytes) -> None:
         self.stats.frames_in += 1
         message = p.parse_client(body)
         if isinstance(message, p.Hello):
@@ -408,7 +314,7 @@ class Daemon:
         else:
             connection.send(p.Reply(seq=seq, result=result))
 
-    def _hello(self, connection: _Connection, hello: p.Hello) -> None:
+    def _hello(self, connection: Connection, hello: p.Hello) -> None:
         if connection.manager is not None:
             raise p.ProtocolError("a connection says hello only once")
         if hello.version != PROTOCOL_VERSION:
@@ -427,18 +333,18 @@ class Daemon:
                 pid=peer.pid,
                 gid=peer.gid,
                 daemon_pid=os.getpid(),
-                management=self._may_manage(peer),
+                management=self.calls.may_manage(peer),
             )
         )
 
-    def _fatal(self, connection: _Connection, message: str) -> None:
+    def _fatal(self, connection: Connection, message: str) -> None:
         self.stats.protocol_errors += 1
         log.info("closing uid %d pid %d: %s", connection.peer.uid, connection.peer.pid, message)
         connection.send(p.Error(kind="ProtocolError", message=_clip(message)))
         self._write(connection)
         self.drop(connection)
 
-    def drop(self, connection: _Connection) -> None:
+    def drop(self, connection: Connection) -> None:
         """Forget a connection; the client's requests end as if it had died."""
         if connection.closed:
             return
@@ -454,101 +360,7 @@ class Daemon:
         connection.models.clear()
         connection.requests.clear()
 
-    # Calls ------------------------------------------------------------------------------
-
-    def _manager(self, connection: _Connection) -> NpuManager:
-        assert connection.manager is not None
-        return connection.manager
-
-    def _live(self, connection: _Connection, request_id: int) -> ModelLoadRequest:
-        request = connection.requests.get(request_id)
-        if request is None:
-            raise UnknownRequestError(f"request {request_id} is not a live request of this client")
-        return request
-
-    def _on_request(self, connection: _Connection, message: p.RequestCanLoad) -> None:
-        manager = self._manager(connection)
-        if message.uses_feature:
-            manager.declare_feature()
-        request = message.request
-        manager.request_can_load_model(
-            request, connection.callback, self.post, weight_bytes=message.weight_bytes
-        )
-        # Deliveries are posted to this thread, so the request is known before any arrives.
-        connection.requests[request.id] = request
-
-    def _on_cancel(self, connection: _Connection, message: p.CancelLoad) -> None:
-        self._manager(connection).cancel_model_load(self._live(connection, message.request_id))
-
-    def _on_loaded(self, connection: _Connection, message: p.NotifyLoaded) -> None:
-        request = self._live(connection, message.request_id)
-        self._manager(connection).listener.notify_model_loaded(request)
-
-    def _on_unloaded(self, connection: _Connection, message: p.NotifyUnloaded) -> None:
-        request = self._live(connection, message.request_id)
-        self._manager(connection).listener.notify_model_unloaded(request)
-
-    def _on_load_model(self, connection: _Connection, message: p.LoadModel) -> dict[str, Any]:
-        request = self._live(connection, message.request_id)
-        model = self._manager(connection).load_model(
-            request, weight_bytes=message.weight_bytes, sram_bytes=message.sram_bytes
-        )
-        connection.models[model.handle] = model
-        return {"model": model.handle, "device": model.device}
-
-    def _model(self, connection: _Connection, handle: int) -> LoadedModel:
-        model = connection.models.get(handle)
-        if model is None:
-            raise UnknownModelError(f"model {handle} is not loaded by this client")
-        return model
-
-    def _on_submit(self, connection: _Connection, message: p.Submit) -> dict[str, Any]:
-        work_id = self._model(connection, message.model).submit(
-            message.cost_cycles,
-            job_priority=message.job_priority,
-            original_uid=message.original_uid,
-            group_id=message.group_id,
-            feature_id=message.feature_id,
-        )
-        return {"work_id": work_id}
-
-    def _on_cancel_work(self, connection: _Connection, message: p.CancelWork) -> None:
-        self._model(connection, message.model).cancel(message.work_id)
-
-    def _may_manage(self, peer: PeerCredentials) -> bool:
-        return (
-            peer.uid == 0
-            or peer.uid == os.getuid()
-            or (self.management_group is not None and peer.in_group(self.management_group))
-        )
-
-    def _check_management(self, connection: _Connection, what: str) -> None:
-        if self._may_manage(connection.peer):
-            return
-        group = "" if self.management_group is None else f", or group {self.management_group}"
-        raise NpuPermissionError(
-            f"uid {connection.peer.uid} may not {what}: it needs the management permission "
-            f"(root, the daemon's uid {os.getuid()}{group})"
-        )
-
-    def _on_set_policy(self, connection: _Connection, message: p.SetPolicy) -> dict[str, Any]:
-        self._check_management(connection, "set the policy")
-        self.service.set_policy(message.policy, message.params)
-        return {"policy": self.service.policy_name}
-
-    def _on_set_importance(self, connection: _Connection, message: p.SetImportance) -> None:
-        self._check_management(connection, "set importances")
-        self.service.set_uid_importance(message.uid, message.importance)
-
-    def _on_set_access(self, connection: _Connection, message: p.SetAccess) -> None:
-        self._check_management(connection, "set scheduling configs")
-        self.service.set_uid_access(
-            message.uid,
-            has_direct_access=message.has_direct_access,
-            can_attribute_other_uid=message.can_attribute_other_uid,
-        )
-
-    def _on_info(self, _connection: _Connection, _message: p.Info) -> dict[str, Any]:
+    def _on_info(self, _connection: Connection, _message: p.Info) -> dict[str, Any]:
         return self.describe()
 
     def describe(self) -> dict[str, Any]:

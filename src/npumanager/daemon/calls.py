@@ -1,0 +1,139 @@
+"""What each client call does: the service's API, on behalf of one connection.
+
+Requests and models are looked up among the connection's own, so a client acts only on
+what it made; the management calls check the kernel's credentials first.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from npumanager.core.client import LoadedModel, NpuManager
+from npumanager.core.dispatch import Task
+from npumanager.core.service import Service
+from npumanager.daemon import protocol as p
+from npumanager.daemon.connection import Connection
+from npumanager.daemon.peer import PeerCredentials
+from npumanager.errors import NpuPermissionError, UnknownModelError, UnknownRequestError
+from npumanager.schemas import ModelLoadRequest
+
+Handler = Callable[[Connection, Any], dict[str, Any] | None]
+
+
+class Calls:
+    """The handler of every call, by message type."""
+
+    def __init__(
+        self, service: Service, post: Callable[[Task], None], management_group: int | None
+    ) -> None:
+        self.service = service
+        self._post = post
+        self.management_group = management_group
+        self.handlers: dict[type[p.Call], Handler] = {
+            p.RequestCanLoad: self.on_request,
+            p.CancelLoad: self.on_cancel,
+            p.NotifyLoaded: self.on_loaded,
+            p.NotifyUnloaded: self.on_unloaded,
+            p.LoadModel: self.on_load_model,
+            p.Submit: self.on_submit,
+            p.CancelWork: self.on_cancel_work,
+            p.SetPolicy: self.on_set_policy,
+            p.SetImportance: self.on_set_importance,
+            p.SetAccess: self.on_set_access,
+        }
+
+    @staticmethod
+    def _manager_of(connection: Connection) -> NpuManager:
+        assert connection.manager is not None
+        return connection.manager
+
+    def _live(self, connection: Connection, request_id: int) -> ModelLoadRequest:
+        request = connection.requests.get(request_id)
+        if request is None:
+            raise UnknownRequestError(f"request {request_id} is not a live request of this client")
+        return request
+
+    def on_request(self, connection: Connection, message: p.RequestCanLoad) -> None:
+        manager = self._manager_of(connection)
+        if message.uses_feature:
+            manager.declare_feature()
+        request = message.request
+        manager.request_can_load_model(
+            request, connection.callback, self._post, weight_bytes=message.weight_bytes
+        )
+        # Deliveries are posted to this thread, so the request is known before any arrives.
+        connection.requests[request.id] = request
+
+    def on_cancel(self, connection: Connection, message: p.CancelLoad) -> None:
+        self._manager_of(connection).cancel_model_load(self._live(connection, message.request_id))
+
+    def on_loaded(self, connection: Connection, message: p.NotifyLoaded) -> None:
+        request = self._live(connection, message.request_id)
+        self._manager_of(connection).listener.notify_model_loaded(request)
+
+    def on_unloaded(self, connection: Connection, message: p.NotifyUnloaded) -> None:
+        request = self._live(connection, message.request_id)
+        self._manager_of(connection).listener.notify_model_unloaded(request)
+
+    def on_load_model(self, connection: Connection, message: p.LoadModel) -> dict[str, Any]:
+        request = self._live(connection, message.request_id)
+        model = self._manager_of(connection).load_model(
+            request, weight_bytes=message.weight_bytes, sram_bytes=message.sram_bytes
+        )
+        connection.models[model.handle] = model
+        return {"model": model.handle, "device": model.device}
+
+    def _model(self, connection: Connection, handle: int) -> LoadedModel:
+        model = connection.models.get(handle)
+        if model is None:
+            raise UnknownModelError(f"model {handle} is not loaded by this client")
+        return model
+
+    def on_submit(self, connection: Connection, message: p.Submit) -> dict[str, Any]:
+        work_id = self._model(connection, message.model).submit(
+            message.cost_cycles,
+            job_priority=message.job_priority,
+            original_uid=message.original_uid,
+            group_id=message.group_id,
+            feature_id=message.feature_id,
+        )
+        return {"work_id": work_id}
+
+    def on_cancel_work(self, connection: Connection, message: p.CancelWork) -> None:
+        self._model(connection, message.model).cancel(message.work_id)
+
+    def may_manage(self, peer: PeerCredentials) -> bool:
+        """True for root, the daemon's own uid and members of the management group."""
+        return (
+            peer.uid == 0
+            or peer.uid == os.getuid()
+            or (self.management_group is not None and peer.in_group(self.management_group))
+        )
+
+    def _check_management(self, connection: Connection, what: str) -> None:
+        if self.may_manage(connection.peer):
+            return
+        group = "" if self.management_group is None else f", or group {self.management_group}"
+        raise NpuPermissionError(
+            f"uid {connection.peer.uid} may not {what}: it needs the management permission "
+            f"(root, the daemon's uid {os.getuid()}{group})"
+        )
+
+    def on_set_policy(self, connection: Connection, message: p.SetPolicy) -> dict[str, Any]:
+        self._check_management(connection, "set the policy")
+        self.service.set_policy(message.policy, message.params)
+        return {"policy": self.service.policy_name}
+
+    def on_set_importance(self, connection: Connection, message: p.SetImportance) -> None:
+        self._check_management(connection, "set importances")
+        self.service.set_uid_importance(message.uid, message.importance)
+
+    def on_set_access(self, connection: Connection, message: p.SetAccess) -> None:
+        self._check_management(connection, "set scheduling configs")
+        self.service.set_uid_access(
+            message.uid,
+            has_direct_access=message.has_direct_access,
+            can_attribute_other_uid=message.can_attribute_other_uid,
+        )
