@@ -7,6 +7,7 @@ root and drops to its uid before it connects, so who it is can only come from th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,6 +40,7 @@ from daemon_support import (
 from npumanager.core.events import EventKind, WorkEvent
 from npumanager.core.service import Service
 from npumanager.daemon.peer import answers
+from npumanager.daemon.protocol import FrameReader
 from npumanager.daemon.server import Daemon
 from npumanager.schemas import EndReason, ModelLoadRequestStatus, ModelLoadStatus, UnloadReason
 
@@ -81,6 +84,20 @@ def child(daemon: DaemonProcess, uid: int, **kwargs: object) -> Child:
     app = Child(daemon.socket, uid, **kwargs)  # type: ignore[arg-type]
     daemon.children.append(app)  # type: ignore[attr-defined]
     return app
+
+
+@contextlib.contextmanager
+def daemon_on_a_thread(service: Service, path: Path, **options: Any) -> Iterator[Daemon]:
+    """A `Daemon` serving on a thread of this process, so a test can see its service."""
+    daemon = Daemon(service, path, **options)
+    daemon.bind()
+    thread = threading.Thread(target=daemon.serve_forever)
+    thread.start()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+        thread.join(20)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -256,11 +273,7 @@ def test_killed_clients_work_ends_cancelled_system(socket_dir: Path) -> None:
     events: list[WorkEvent] = []
     service = Service("vnpu", "turn_taking", clock="real")
     service.add_listener(events.extend)
-    daemon = Daemon(service, socket_dir / "npu.sock", socket_group=SOCKET_GID)
-    daemon.bind()
-    thread = threading.Thread(target=daemon.serve_forever)
-    thread.start()
-    try:
+    with daemon_on_a_thread(service, socket_dir / "npu.sock", socket_group=SOCKET_GID) as daemon:
         victim = Child(daemon.socket_path, BACKGROUND_UID)
         victim.ok("request", id=1)
         victim.event("decision", 1)
@@ -276,9 +289,6 @@ def test_killed_clients_work_ends_cancelled_system(socket_dir: Path) -> None:
         assert all(not requests for requests in snapshot["requests"].values())
         assert snapshot["devices"][0]["models_loaded"] == 0
         assert snapshot["daemon"]["deaths"] == 1
-    finally:
-        daemon.stop()
-        thread.join(20)
 
 
 def _wait(condition: Callable[[], bool], timeout: float = 10) -> None:
@@ -429,11 +439,7 @@ def test_out_of_descriptors_the_daemon_pauses_accepting_instead_of_spinning(
 
 def test_a_connection_that_never_says_hello_is_closed(socket_dir: Path) -> None:
     service = Service("vnpu", clock="real")
-    daemon = Daemon(service, socket_dir / "npu.sock", hello_timeout_s=0.2)
-    daemon.bind()
-    thread = threading.Thread(target=daemon.serve_forever)
-    thread.start()
-    try:
+    with daemon_on_a_thread(service, socket_dir / "npu.sock", hello_timeout_s=0.2) as daemon:
         polite = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         polite.connect(str(daemon.socket_path))
         polite.sendall(HELLO)
@@ -449,9 +455,6 @@ def test_a_connection_that_never_says_hello_is_closed(socket_dir: Path) -> None:
         time.sleep(0.3)
         assert len(daemon.describe()["clients"]) == 1, "a connection that said hello stays"
         polite.close()
-    finally:
-        daemon.stop()
-        thread.join(20)
 
 
 # The CLI verbs --------------------------------------------------------------------------
@@ -585,24 +588,25 @@ def _frame(body: object) -> bytes:
     return struct.pack(">I", len(data)) + data
 
 
-def _raw_exchange(path: Path, frames: list[bytes], timeout: float = 10) -> list[dict[str, object]]:
-    """Send raw frames on a fresh connection; every frame the daemon sends until it closes."""
+def _raw_exchange(
+    path: Path, frames: list[bytes], timeout: float = 10, expect: int | None = None
+) -> list[dict[str, object]]:
+    """Send raw frames on a fresh connection; the daemon's frames until it closes, or until
+    `expect` of them came (then this side closes)."""
+    reader = FrameReader()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     sock.connect(str(path))
+    replies: list[dict[str, object]] = []
     try:
-        for frame in frames:
-            sock.sendall(frame)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
+        sock.sendall(b"".join(frames))
+        while expect is None or len(replies) < expect:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            replies += [json.loads(body) for body in reader.feed(chunk)]
     finally:
         sock.close()
-    replies = []
-    while data:
-        (size,) = struct.unpack_from(">I", data)
-        replies.append(json.loads(data[4 : 4 + size]))
-        data = data[4 + size :]
     return replies
 
 
@@ -642,7 +646,7 @@ def test_a_failed_call_is_an_error_reply_and_the_connection_stays(
     start: Callable[..., DaemonProcess],
 ) -> None:
     daemon = start()
-    replies = _raw_exchange_open(
+    replies = _raw_exchange(
         daemon.socket,
         [
             HELLO,
@@ -659,22 +663,3 @@ def test_a_failed_call_is_an_error_reply_and_the_connection_stays(
         "message": "request 9 is not a live request of this client",
     }
     assert replies[2]["op"] == "reply" and replies[2]["seq"] == 6
-
-
-def _raw_exchange_open(path: Path, frames: list[bytes], expect: int) -> list[dict[str, object]]:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(10)
-    sock.connect(str(path))
-    replies: list[dict[str, object]] = []
-    data = b""
-    try:
-        sock.sendall(b"".join(frames))
-        while len(replies) < expect:
-            data += sock.recv(65536)
-            while len(data) >= 4 and len(data) >= 4 + struct.unpack_from(">I", data)[0]:
-                (size,) = struct.unpack_from(">I", data)
-                replies.append(json.loads(data[4 : 4 + size]))
-                data = data[4 + size :]
-    finally:
-        sock.close()
-    return replies

@@ -462,6 +462,20 @@ def test_request_id_reused_while_live_is_refused_and_nothing_changes() -> None:
         assert second.calls == [("can_load", ModelLoadStatus.CAN_LOAD_NOW)]
 
 
+@pytest.mark.parametrize("weight_bytes", [0, -1, "1", 2**63])
+def test_a_bad_weight_is_refused_and_nothing_is_left(weight_bytes: Any) -> None:
+    with service() as svc:
+        app = svc.manager(10001, uses_feature=True)
+        recorder = Recorder(app, load=False)
+        with pytest.raises(IllegalArgumentError, match="weight_bytes"):
+            app.request_can_load_model(req(1), recorder, weight_bytes=weight_bytes)
+        assert recorder.calls == []
+        with pytest.raises(UnknownRequestError):
+            svc.state_of(app, req(1))
+        app.request_can_load_model(req(1), recorder, weight_bytes=1 << 20)
+        assert recorder.calls == [("can_load", ModelLoadStatus.CAN_LOAD_NOW)]
+
+
 def test_notify_before_grant_and_cancel_of_someone_elses_request_are_refused() -> None:
     with service("turn_taking") as svc:
         holder = svc.manager(10001, uses_feature=True)

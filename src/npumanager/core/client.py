@@ -12,9 +12,10 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from npumanager.core.dispatch import ExecutorLike, check_executor
+from npumanager.core.dispatch import ExecutorLike, SerialQueue, Task, check_executor
 from npumanager.schemas import (
     ModelLoadRequest,
     ModelLoadRequestStatus,
@@ -90,6 +91,45 @@ def check_callback(callback: object) -> None:
             f"callback must implement {', '.join(missing)} "
             "(subclass npumanager.ModelLoadRequestCallback)"
         )
+
+
+@dataclass
+class Delivery:
+    """One live request's callback, fed in order through its queue by either backend."""
+
+    manager: NpuManager
+    request: ModelLoadRequest
+    callback: ModelLoadRequestCallback
+    queue: SerialQueue
+    with_reason: bool
+
+    def decided(self, status: ModelLoadStatus) -> Task:
+        """The task that tells the callback `on_can_load_model`."""
+
+        def task() -> None:
+            self.callback.on_can_load_model(self.request, status, self.manager.listener)
+
+        return task
+
+    def unload_asked(self, reason: UnloadReason | None) -> Task:
+        """The task that tells the callback `on_request_unload_model` (with the reason if it
+        takes one)."""
+
+        def task() -> None:
+            if self.with_reason:
+                self.callback.on_request_unload_model(self.request, reason)
+            else:
+                self.callback.on_request_unload_model(self.request)
+
+        return task
+
+    def completed(self, status: ModelLoadRequestStatus) -> Task:
+        """The task that tells the callback `on_model_load_request_complete`."""
+
+        def task() -> None:
+            self.callback.on_model_load_request_complete(self.request, status)
+
+        return task
 
 
 class ModelLoadStatusListener:

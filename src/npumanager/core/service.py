@@ -39,6 +39,7 @@ from npumanager.core.actions import (
 from npumanager.core.arbiter import Arbiter
 from npumanager.core.client import (
     POLICY_NAMES,
+    Delivery,
     LoadedModel,
     ModelLoadRequestCallback,
     NpuManager,
@@ -97,14 +98,9 @@ _VIRTUAL_STEP_US = 1000
 
 
 @dataclass
-class _Context:
-    """What the service keeps for one live request."""
+class _Context(Delivery):
+    """What the service keeps for one live request: its delivery, device and models."""
 
-    manager: NpuManager
-    request: ModelLoadRequest
-    callback: ModelLoadRequestCallback
-    queue: SerialQueue
-    with_reason: bool
     device: int | None = None
     models: list[LoadedModel] = field(default_factory=list)
 
@@ -351,8 +347,6 @@ class Service:
         executor: ExecutorLike | None,
         weight_bytes: int | None,
     ) -> None:
-        if weight_bytes is not None:
-            weight_bytes = check_int("weight_bytes", weight_bytes, 0, 1 << 62)
         self._check_feature(manager)
         key = RequestKey(manager.client, request.id)
         queue = SerialQueue(executor or self._default_executor, self._stats)
@@ -521,15 +515,15 @@ class Service:
                 event = from_action(context.manager.uid, action, context.device, self._now_us())
                 self._telemetry.publish((event,))
             if isinstance(action, CanLoad):
-                self._deliver(context, _can_load(context, action))
+                self._deliver(context, context.decided(action.status))
             elif isinstance(action, RequestUnload):
-                self._deliver(context, _unload_request(context, action))
+                self._deliver(context, context.unload_asked(action.reason))
             elif isinstance(action, Revoke):
                 self._unload_models(action.key)
             elif isinstance(action, Complete):
                 self._unload_models(action.key)
                 del self._contexts[action.key]
-                self._deliver(context, _complete(context, action))
+                self._deliver(context, context.completed(action.status))
 
     def _deliver(self, context: _Context, task: Callable[[], None]) -> None:
         if context.queue.put(task):
@@ -725,27 +719,3 @@ class _DriverEvents:
 
     def on_work_events(self, events: Sequence[WorkEvent]) -> None:
         self._service._on_work_events(events)
-
-
-def _can_load(context: _Context, action: CanLoad) -> Callable[[], None]:
-    def task() -> None:
-        context.callback.on_can_load_model(context.request, action.status, context.manager.listener)
-
-    return task
-
-
-def _unload_request(context: _Context, action: RequestUnload) -> Callable[[], None]:
-    def task() -> None:
-        if context.with_reason:
-            context.callback.on_request_unload_model(context.request, action.reason)
-        else:
-            context.callback.on_request_unload_model(context.request)
-
-    return task
-
-
-def _complete(context: _Context, action: Complete) -> Callable[[], None]:
-    def task() -> None:
-        context.callback.on_model_load_request_complete(context.request, action.status)
-
-    return task

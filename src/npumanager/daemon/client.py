@@ -17,12 +17,12 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from npumanager import errors
 from npumanager.core.client import (
+    Delivery,
     LoadedModel,
     ModelLoadRequestCallback,
     NpuManager,
@@ -55,16 +55,6 @@ _ERRORS: dict[str, type[Exception]] = {
 _ERRORS.update(
     TypeError=TypeError, ValueError=ValueError, LookupError=LookupError, ProtocolError=DaemonError
 )
-
-
-@dataclass
-class _Remote:
-    """A live request of this connection, as the client keeps it."""
-
-    request: ModelLoadRequest
-    callback: ModelLoadRequestCallback
-    queue: SerialQueue
-    with_reason: bool
 
 
 class _Pending:
@@ -125,7 +115,7 @@ class DaemonClient:
         self._reader = p.FrameReader()
         self._seq = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
-        self._remote: dict[int, _Remote] = {}
+        self._remote: dict[int, Delivery] = {}
         self._stats = DeliveryStats()
         self._dispatcher: ThreadPoolExecutor | None = None
         self._closed = False
@@ -253,8 +243,8 @@ class DaemonClient:
         weight_bytes: int | None,
     ) -> None:
         executor = executor or self._default_executor()
-        remote = _Remote(
-            request, callback, SerialQueue(executor, self._stats), takes_reason(callback)
+        remote = Delivery(
+            manager, request, callback, SerialQueue(executor, self._stats), takes_reason(callback)
         )
         if self._remote.setdefault(request.id, remote) is not remote:
             raise errors.DuplicateRequestError(
@@ -418,39 +408,15 @@ class DaemonClient:
             log.warning("an event for request %d, which is not live here", message.request_id)
             return
         if isinstance(message, p.Decision):
-            task = _decision(self._manager, remote, ModelLoadStatus(message.status))
+            task = remote.decided(ModelLoadStatus(message.status))
         elif isinstance(message, p.UnloadAsked):
             reason = None if message.reason is None else UnloadReason(message.reason)
-            task = _unload(remote, reason)
+            task = remote.unload_asked(reason)
         else:
             del self._remote[message.request_id]
-            task = _complete(remote, ModelLoadRequestStatus(message.status))
+            task = remote.completed(ModelLoadRequestStatus(message.status))
         if remote.queue.put(task):
             remote.queue.schedule()
-
-
-def _decision(manager: NpuManager, remote: _Remote, status: ModelLoadStatus) -> Any:
-    def task() -> None:
-        remote.callback.on_can_load_model(remote.request, status, manager.listener)
-
-    return task
-
-
-def _unload(remote: _Remote, reason: UnloadReason | None) -> Any:
-    def task() -> None:
-        if remote.with_reason:
-            remote.callback.on_request_unload_model(remote.request, reason)
-        else:
-            remote.callback.on_request_unload_model(remote.request)
-
-    return task
-
-
-def _complete(remote: _Remote, status: ModelLoadRequestStatus) -> Any:
-    def task() -> None:
-        remote.callback.on_model_load_request_complete(remote.request, status)
-
-    return task
 
 
 def connect(

@@ -305,7 +305,7 @@ class Daemon:
         except Exception as exc:
             self.stats.internal_errors += 1
             log.exception("internal error handling %s from uid %d", message.op, connection.peer.uid)
-            connection.send(p.Error(seq=seq, kind="DaemonError", message=_clip(repr(exc))))
+            connection.send(p.Error(seq=seq, kind=DaemonError.__name__, message=_clip(repr(exc))))
             return
         # The call's own callbacks go first, as they run before an in-process call returns.
         self._run_ready()
@@ -438,4 +438,4 @@ def _clip(text: str, limit: int = 4000) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-__all__ = ["Daemon", "DaemonError", "DaemonStats"]
+__all__ = ["Daemon", "DaemonStats"]
