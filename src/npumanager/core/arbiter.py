@@ -369,6 +369,10 @@ class Arbiter:
         """Where a live request stands; `UnknownRequestError` if it is not live."""
         return self._live(client, request_id).state
 
+    def declared_bytes(self, client: int, request_id: int) -> int | None:
+        """The weight bytes a live request declared when it asked, or None."""
+        return self._live(client, request_id).weight_bytes
+
     def requests(self) -> list[RequestInfo]:
         """Every live request, in arrival order."""
         weight = self._policy.weight

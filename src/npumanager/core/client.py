@@ -304,11 +304,20 @@ class NpuManager:
 class LoadedModel:
     """A model in driver memory under a granted request; submit work to it."""
 
-    def __init__(self, manager: NpuManager, request: ModelLoadRequest, handle: int, device: int):
+    def __init__(
+        self,
+        manager: NpuManager,
+        request: ModelLoadRequest,
+        handle: int,
+        device: int,
+        *,
+        weight_bytes: int = 0,
+    ) -> None:
         self.manager = manager
         self.request = request
         self.handle = handle
         self.device = device
+        self.weight_bytes = weight_bytes
 
     def submit(
         self,

@@ -56,6 +56,7 @@ from npumanager.core.events import EventKind, WorkEvent
 from npumanager.core.plugins import PluginRegistry, load_plugins
 from npumanager.core.policy import Policy, build_policy
 from npumanager.errors import (
+    CapacityError,
     DuplicateRequestError,
     FeatureNotDeclaredError,
     FeatureWarning,
@@ -65,6 +66,7 @@ from npumanager.errors import (
     RequestStateError,
     UnknownModelError,
     UnknownRequestError,
+    UnknownWorkError,
 )
 from npumanager.schemas import (
     DriverCapability,
@@ -83,6 +85,7 @@ from npumanager.schemas.limits import (
     ROOT_UID,
     SINK_CLOSE_TIMEOUT_S,
     SYSTEM_UID,
+    grant_allowance_bytes,
 )
 from npumanager.telemetry import ModelLoadState, SinkHandle, SinkStats, TelemetryHub
 from npumanager.telemetry.health import HealthSampler
@@ -143,6 +146,7 @@ class Service:
         self._warned_clients: set[int] = set()
         self._severity: dict[int, ThermalSeverity] = {}
         self._completed: dict[int, None] = {}
+        self._work_models: dict[int, LoadedModel] = {}
         self._pending: list[Action] = []
         self._to_schedule: list[SerialQueue] = []
         self._closed = False
@@ -418,14 +422,35 @@ class Service:
                     f"request {request.id} is {state}; a model may be loaded only after "
                     "CAN_LOAD_NOW"
                 )
+            self._check_allowance(key, request, context, weight_bytes)
             device = context.device or 0
             handle = self.driver.load_model(
                 device, weight_bytes=weight_bytes, sram_bytes=sram_bytes
             )
-            model = LoadedModel(manager, request, handle, device)
+            model = LoadedModel(manager, request, handle, device, weight_bytes=weight_bytes)
             context.models.append(model)
             self._emit_health()
             return model
+
+    def _check_allowance(
+        self, key: RequestKey, request: ModelLoadRequest, context: _Context, weight_bytes: int
+    ) -> None:
+        """Refuse a load that would take the request past what its grant allows."""
+        declared = self.arbiter.declared_bytes(key.client, key.request_id)
+        allowed = grant_allowance_bytes(request.size, declared)
+        held = sum(model.weight_bytes for model in context.models)
+        if held + weight_bytes <= allowed:
+            return
+        grant = (
+            f"declared {declared} bytes"
+            if declared is not None
+            else f"{request.size.name} (at most {allowed} bytes without declared weight_bytes)"
+        )
+        raise CapacityError(
+            f"request {request.id} was granted {grant} and holds {held} of {allowed} bytes; "
+            f"loading {weight_bytes} more would exceed the grant: ask for a larger size class "
+            "or declare weight_bytes when requesting"
+        )
 
     def _submit(
         self,
@@ -447,7 +472,7 @@ class Service:
             )
         with self._lock:
             self._check_model(model)
-            return int(
+            work_id = int(
                 self.driver.submit(
                     model.handle,
                     uid=manager.uid,
@@ -459,10 +484,17 @@ class Service:
                     debug_pid=manager.pid or 0,
                 )
             )
+            self._work_models[work_id] = model
+            return work_id
 
     def _cancel_work(self, model: LoadedModel, work_id: int) -> None:
         with self._lock:
             self._check_model(model)
+            if self._work_models.get(work_id) is not model:
+                raise UnknownWorkError(
+                    f"work {work_id} is not live work of model {model.handle}: a model may "
+                    "cancel only work it submitted and that has not ended"
+                )
             self.driver.cancel(work_id)
 
     def _check_model(self, model: LoadedModel) -> None:
@@ -561,8 +593,10 @@ class Service:
             except Exception:
                 log.exception("event listener %r raised", listener)
         for event in events:
-            if event.kind == EventKind.ENDED and event.reason == EndReason.COMPLETED:
-                self._completed[event.original_uid] = None
+            if event.kind == EventKind.ENDED and event.reason != EndReason.PAUSED:
+                self._work_models.pop(event.id, None)
+                if event.reason == EndReason.COMPLETED:
+                    self._completed[event.original_uid] = None
         if self._completed:
             now = self.now_ms
             uids, self._completed = list(self._completed), {}

@@ -117,3 +117,14 @@ PROGRESS_AFTER_S: Final = 1.0
 """A simulation shows a progress bar once it has run this long in wall time."""
 PROGRESS_REDRAW_S: Final = 0.1
 """The progress bar is redrawn at most this often."""
+
+GRANT_ALLOWANCE_BYTES: Final = NOMINAL_MODEL_BYTES
+"""Weight bytes one grant may load, per size class, when the request declared no bytes: what
+the pressure policy counts for it, so the arbiter's accounting never falls below the device's."""
+
+
+def grant_allowance_bytes(size_class: int, declared_bytes: int | None) -> int:
+    """The weight bytes a granted request may hold loaded: its declared bytes, or its class's."""
+    if declared_bytes is not None:
+        return declared_bytes
+    return GRANT_ALLOWANCE_BYTES[size_class]
