@@ -39,7 +39,9 @@ def granted(svc: Service, uid: int, request_id: int, size: ModelSize, **kw: Any)
 
 
 def used_bytes(svc: Service) -> int:
-    return sum(svc.driver.device_state(d).weight_memory_used_bytes for d in range(svc.driver.device_count))
+    return sum(
+        svc.driver.device_state(d).weight_memory_used_bytes for d in range(svc.driver.device_count)
+    )
 
 
 @pytest.mark.parametrize(
