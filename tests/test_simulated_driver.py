@@ -270,7 +270,8 @@ def test_time_stops_short_of_the_horizon(make: Callable[..., SimulatedDriver]) -
 
 
 def test_equal_priority_never_preempts(make: Callable[..., SimulatedDriver]) -> None:
-    driver = make([ONE_CHANNEL])
+    # Under the strict scheduler; fair share time-slices uids (tests/test_fair_scheduling.py).
+    driver = make([DeviceSpec(channels=1, slice_us=1000, scheduler="strict")])
     model = driver.load_model(0, weight_bytes=1)
     driver.submit(model, uid=1, cost_cycles=5 * CYCLES_PER_MS, job_priority=300)
     driver.advance(10)

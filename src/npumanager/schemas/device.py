@@ -1,4 +1,5 @@
-"""The description of a simulated device: channels, memories, clock, slice, thermal model.
+"""The description of a simulated device: channels, memories, clock, slice, thermal model,
+and how it shares its channels (priority bands, fair share, a floor for the lower bands).
 
 Both simulated drivers (`vnpu` in C and `reference` in Python) take these, so one
 description means one behaviour. All quantities are integers (microseconds, bytes,
@@ -7,12 +8,13 @@ milli-degrees Celsius, cycles) so the two compute the same numbers exactly.
 
 from __future__ import annotations
 
-from typing import Annotated, Self
+from enum import StrEnum
+from typing import Annotated, Final, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .enums import ThermalSeverity
-from .limits import MAX_CHANNELS
+from .limits import MAX_CHANNELS, MAX_EFFECTIVE_PRIORITY
 
 _MIB = 1 << 20
 _GIB = 1 << 30
@@ -79,6 +81,41 @@ class ThermalSpec(_Spec):
         return self.throttle_percent[severity - 1]
 
 
+MAX_BANDS: Final = 8
+"""Priority bands one device may have."""
+FAIR_WEIGHT_BASE: Final = 100
+"""Fair share charges `FAIR_WEIGHT_BASE + offset in band` per microsecond run."""
+MAX_FLOOR_WINDOW_US: Final = 10**12
+"""Largest floor window: credits stay far inside int64."""
+
+
+class Scheduler(StrEnum):
+    """How a device shares its channels."""
+
+    FAIR = "fair"
+    """Priority bands; fair share between uids inside a band; a floor for lower bands."""
+    STRICT = "strict"
+    """Strict priority, global FIFO among equals (the device before bands existed)."""
+
+
+class Band(_Spec):
+    """A range of effective priorities scheduled as one tier, from `first_priority` up to
+    the next band's."""
+
+    name: Annotated[str, Field(min_length=1, max_length=32)]
+    first_priority: Annotated[int, Field(ge=0, le=MAX_EFFECTIVE_PRIORITY)]
+
+
+DEFAULT_BANDS: Final = (
+    Band(name="realtime", first_priority=0),
+    Band(name="focus", first_priority=100),
+    Band(name="normal", first_priority=300),
+    Band(name="idle", first_priority=1000),
+)
+"""After ivpu's hardware scheduler: pinned system work below 100 and foreground apps
+(100 plus small job priorities) are the two top bands; cached and unknown uids the lower."""
+
+
 class DeviceSpec(_Spec):
     """One simulated NPU: how many channels, how much memory, how fast, how hot."""
 
@@ -89,9 +126,41 @@ class DeviceSpec(_Spec):
     """Memory for model weights; loads beyond it fail."""
     clock_mhz: Annotated[int, Field(ge=1, le=1_000_000)] = 1_000
     """Cycles per microsecond at full speed; a job's cost is in cycles."""
-    slice_us: Positive = 1_000
-    """Preemption granularity: running work is paused only at a slice boundary."""
+    slice_us: Positive = 100
+    """Preemption granularity: running work is paused only at a slice boundary, so a more
+    important job waits at most this long; fair share also time-slices at it."""
     thermal: ThermalSpec = ThermalSpec()
+    scheduler: Scheduler = Field(default=Scheduler.FAIR, strict=False)
+    """`fair` (bands, fair share, floor) or `strict` (priority, then global FIFO)."""
+    bands: tuple[Band, ...] = Field(default=DEFAULT_BANDS, strict=False, min_length=1)
+    """Effective-priority bands, most important first; the first starts at 0."""
+    floor_percent: Annotated[int, Field(ge=0, le=50)] = 10
+    """Share of the device a lower band with waiting work gets at least; 0 turns it off."""
+    floor_window_us: Annotated[int, Field(ge=1, le=MAX_FLOOR_WINDOW_US)] = 100_000
+    """About the window the floor is kept over: a band banks at most one window's credit."""
+
+    @model_validator(mode="after")
+    def _bands_valid(self) -> Self:
+        firsts = [band.first_priority for band in self.bands]
+        names = [band.name for band in self.bands]
+        if len(self.bands) > MAX_BANDS:
+            raise ValueError(f"at most {MAX_BANDS} bands; got {len(self.bands)}")
+        if firsts[0] != 0 or firsts != sorted(set(firsts)):
+            raise ValueError(
+                "bands must start at effective priority 0 and strictly increase; "
+                f"got first priorities {firsts}"
+            )
+        if len(set(names)) != len(names):
+            raise ValueError(f"band names must be unique; got {names}")
+        return self
+
+    def band_of(self, effective_priority: int) -> int:
+        """The index of the band an effective priority falls in (0 is the most important)."""
+        index = 0
+        for n, band in enumerate(self.bands):
+            if effective_priority >= band.first_priority:
+                index = n
+        return index
 
 
 class DeviceDescription(_Spec):

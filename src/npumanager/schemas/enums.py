@@ -114,3 +114,5 @@ class DriverCapability(StrEnum):
     VIRTUAL_TIME = "virtual_time"
     REAL_TIME = "real_time"
     MULTI_DEVICE = "multi_device"
+    FAIR_SHARE = "fair_share"
+    """Bands with fair share between uids and a floor for lower bands (`DeviceSpec`)."""

@@ -6,18 +6,15 @@ temperature in milli-degrees Celsius.
 
 The rules, which `vnpu/csrc/vnpu.c` implements identically:
 
-* Work is ordered by the key (effective priority, id): lower runs first, FIFO among
-  equals because ids increase. A job runs on the lowest-numbered free channel.
+* Which job a free channel takes and which running jobs pause is the policy of
+  `core.scheduler` (strict priority, or bands with fair share and a floor, as the
+  `DeviceSpec` says). Free channels are filled lowest-numbered first.
 * A device does its work at *event points*. At an event point at time t it does, in
   this order: (1) the thermal tick, if t is the next tick time; (2) completions due at
   t, by channel; (3) periodic arrivals due at t, by generator; (4) pauses of marked jobs
   whose slice boundary is t, by channel; (5) dispatch onto free channels.
-* Marking: the waiting jobs best first, less as many as there are free channels (those
-  will start on them), pair with the running jobs least important first (key
-  descending); while the waiting job's effective priority is strictly lower, the running
-  one is marked. A marked job is paused (ENDED PAUSED) at its next slice
-  boundary, `run_start + k * slice_us` for the smallest k >= 1 not before now, then
-  waits with its remaining work and resumes later (STARTED RESUMED).
+* A paused job (ENDED PAUSED, at a slice boundary) waits with its remaining work and
+  resumes later (STARTED RESUMED).
 * Thermal tick every `tick_us` of device time while the device is busy or not at
   ambient: `temp += heat * busy_channels`, then temp moves toward ambient by
   `max(1, |temp - ambient| * cooling_permille // 1000)` (never past it). The severity is
@@ -39,11 +36,11 @@ The rules, which `vnpu/csrc/vnpu.c` implements identically:
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from npumanager.core.events import NO_REASON, EventKind, WorkEvent
+from npumanager.core.scheduler import DeviceScheduler, Job
 from npumanager.errors import (
     CapacityError,
     UnknownDeviceError,
@@ -67,31 +64,21 @@ def default_config(uid: int) -> SchedulingConfig:
     return SchedulingConfig(uid=uid, app_priority=UNKNOWN_UID_PRIORITY)
 
 
-@dataclass(eq=False)
-class Work:
+@dataclass(eq=False, kw_only=True)
+class Work(Job):
     """One live piece of work."""
 
-    id: int
     model: int
     device: int
-    uid: int
     original_uid: int
     job_priority: int
-    effective_priority: int
     remaining_cc: int
     group_id: bytes | None
     feature_id: str | None
     debug_pid: int
     state: int = QUEUED
-    channel: int = -1
-    run_start_us: int = 0
     synced_us: int = 0
     started_before: bool = False
-
-    @property
-    def key(self) -> tuple[int, int]:
-        """The scheduling order: lower runs first."""
-        return (self.effective_priority, self.id)
 
 
 @dataclass(eq=False)
@@ -130,8 +117,7 @@ class Device:
     spec: DeviceSpec
     temp_mc: int
     peak_temp_mc: int
-    channels: list[Work | None]
-    queue: list[tuple[int, int, Work]] = field(default_factory=list)
+    sched: DeviceScheduler[Work]
     severity: ThermalSeverity = ThermalSeverity.NONE
     weight_used: int = 0
     models: int = 0
@@ -140,6 +126,7 @@ class Device:
     throttled_us: int = 0
     throttled_since: int | None = None
     generators: list[Generator] = field(default_factory=list)
+    victims: list[Work] = field(default_factory=list)
 
     @property
     def speed(self) -> int:
@@ -150,6 +137,11 @@ class Device:
     def shutdown(self) -> bool:
         """True while the device is stopped by SHUTDOWN severity."""
         return self.severity == ThermalSeverity.SHUTDOWN
+
+    @property
+    def channels(self) -> list[Work | None]:
+        """The job on each channel."""
+        return self.sched.running
 
     def running(self) -> list[Work]:
         """Running jobs by channel."""
@@ -162,7 +154,7 @@ class ReferenceEngine(Engine):
     def __init__(self, specs: Sequence[DeviceSpec], max_live_work: int, max_models: int) -> None:
         self.clock_us = 0
         self.devices = [
-            Device(n, s, s.thermal.ambient_mc, s.thermal.ambient_mc, [None] * s.channels)
+            Device(n, s, s.thermal.ambient_mc, s.thermal.ambient_mc, DeviceScheduler(s))
             for n, s in enumerate(specs)
         ]
         self.max_live_work = max_live_work
@@ -179,13 +171,10 @@ class ReferenceEngine(Engine):
     def configure(self, configs: Mapping[int, SchedulingConfig]) -> None:
         """Schedule by a new complete set of configs; live work is re-ranked."""
         self.configs = dict(configs)
-        for work in self.work.values():
-            work.effective_priority = self._effective(
-                work.uid, work.original_uid, work.job_priority
-            )
         for device in self.devices:
-            device.queue = [(w.effective_priority, w.id, w) for _, _, w in device.queue]
-            heapq.heapify(device.queue)
+            device.sched.rerank(
+                self.clock_us, lambda w: self._effective(w.uid, w.original_uid, w.job_priority)
+            )
             device.dirty = True
 
     def load_model(self, device: int, weight_bytes: int, sram_bytes: int) -> int:
@@ -334,7 +323,7 @@ class ReferenceEngine(Engine):
             weight_memory_used_bytes=dev.weight_used,
             sram_used_bytes=self.sram_used(dev),
             models_loaded=dev.models,
-            queue_depth=len(dev.queue),
+            queue_depth=dev.sched.depth,
             running=tuple(w.id if w is not None else -1 for w in dev.channels),
             temperature_mc=dev.temp_mc,
             peak_temperature_mc=dev.peak_temp_mc,
@@ -359,8 +348,7 @@ class ReferenceEngine(Engine):
             t = self.clock_us
         for work in dev.running():
             t = min(t, self._completion_us(dev, work))
-        for work in self._marked(dev):
-            t = min(t, self._boundary_us(dev, work, self.clock_us))
+        t = min(t, dev.sched.next_pause_us(self.clock_us))
         for gen in dev.generators:
             t = min(t, gen.next_us)
         if dev.next_tick_us is not None:
@@ -377,9 +365,9 @@ class ReferenceEngine(Engine):
         for gen in list(dev.generators):
             if gen.next_us == t:
                 self._fire(dev, gen, t)
+        dev.victims = dev.sched.victims(t)
         for work in self._marked(dev):
-            if self._boundary_us(dev, work, t) == t:
-                self._pause(dev, work, t)
+            self._pause(dev, work, t)
         self._dispatch(dev, t)
         self._update_tick(dev, t)
 
@@ -389,27 +377,9 @@ class ReferenceEngine(Engine):
             return NEVER
         return work.synced_us + -(-work.remaining_cc // speed)
 
-    def _boundary_us(self, dev: Device, work: Work, now: int) -> int:
-        slice_us = dev.spec.slice_us
-        elapsed = now - work.run_start_us
-        k = max(1, -(-elapsed // slice_us))
-        return work.run_start_us + k * slice_us
-
     def _marked(self, dev: Device) -> list[Work]:
-        running = dev.running()
-        if not dev.queue or not running:
-            return []
-        worst_first = sorted(running, key=lambda w: w.key, reverse=True)
-        if dev.queue[0][0] >= worst_first[0].effective_priority:
-            return []
-        free = len(dev.channels) - len(running)
-        best_first = [w for _, _, w in heapq.nsmallest(len(running) + free, dev.queue)][free:]
-        marked = []
-        for waiting, victim in zip(best_first, worst_first, strict=False):
-            if waiting.effective_priority >= victim.effective_priority:
-                break
-            marked.append(victim)
-        return sorted(marked, key=lambda w: w.channel)
+        """The running jobs the scheduler pauses at this event point, by channel."""
+        return dev.victims
 
     def _sync(self, dev: Device, work: Work, t: int) -> None:
         work.remaining_cc = max(0, work.remaining_cc - (t - work.synced_us) * dev.speed)
@@ -419,31 +389,28 @@ class ReferenceEngine(Engine):
         for channel, occupant in enumerate(dev.channels):
             if occupant is not None:
                 continue
-            if not dev.queue:
+            work = dev.sched.pick(t)
+            if work is None:
                 break
-            _, _, work = heapq.heappop(dev.queue)
-            work.state, work.channel = RUNNING, channel
-            work.run_start_us = work.synced_us = t
-            dev.channels[channel] = work
+            work.state, work.synced_us = RUNNING, t
+            dev.sched.start(work, channel, t)
             reason = StartReason.RESUMED if work.started_before else StartReason.INITIAL
             work.started_before = True
             self._event(EventKind.STARTED, reason, work, t)
 
     def _pause(self, dev: Device, work: Work, t: int) -> None:
         self._sync(dev, work, t)
-        dev.channels[work.channel] = None
-        work.state, work.channel = QUEUED, -1
-        heapq.heappush(dev.queue, (work.effective_priority, work.id, work))
+        work.state = QUEUED
+        dev.sched.stop(work, t, requeue=True)
         self._event(EventKind.ENDED, EndReason.PAUSED, work, t)
 
     def _end(self, work: Work, reason: EndReason, t: int) -> None:
         dev = self.devices[work.device]
         if work.state == RUNNING:
             self._sync(dev, work, t)
-            dev.channels[work.channel] = None
+            dev.sched.stop(work, t, requeue=False)
         else:
-            dev.queue = [entry for entry in dev.queue if entry[2] is not work]
-            heapq.heapify(dev.queue)
+            dev.sched.remove(work, t)
         del self.work[work.id]
         self._event(EventKind.ENDED, reason, work, t)
 
@@ -502,7 +469,7 @@ class ReferenceEngine(Engine):
             self._event(EventKind.ENDED, EndReason.FAILED, work, t)
             return work.id
         self.work[work.id] = work
-        heapq.heappush(dev.queue, (work.effective_priority, work.id, work))
+        dev.sched.enqueue(work, t)
         dev.dirty = True
         return work.id
 

@@ -24,7 +24,7 @@ from npumanager.errors import (
     UnknownWorkError,
 )
 from npumanager.schemas import EndReason, SchedulingConfig, ThermalSeverity
-from npumanager.schemas.device import DeviceSpec, DeviceStatus
+from npumanager.schemas.device import DeviceSpec, DeviceStatus, Scheduler
 from npumanager.schemas.limits import (
     DEFAULT_EVENT_RING,
     INT64_MAX,
@@ -84,6 +84,13 @@ def _c_specs(specs: Sequence[DeviceSpec]) -> Any:
             raise IllegalArgumentError(f"device {n}: {problem}")
         c, thermal = out[n], spec.thermal
         c.channels = spec.channels
+        c.scheduler = (
+            lib.VNPU_SCHED_FAIR if spec.scheduler == Scheduler.FAIR else lib.VNPU_SCHED_STRICT
+        )
+        c.nbands = len(spec.bands)
+        c.band_first = [band.first_priority for band in spec.bands]
+        c.floor_percent = spec.floor_percent
+        c.floor_window_us = spec.floor_window_us
         c.sram_bytes = spec.sram_bytes
         c.weight_memory_bytes = spec.weight_memory_bytes
         c.clock_mhz = spec.clock_mhz

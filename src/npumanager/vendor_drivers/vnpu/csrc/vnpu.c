@@ -40,6 +40,11 @@ typedef struct {
     int32_t channel;
     int32_t heap_pos;
     int32_t next_free;
+    int32_t flow;     /* fair: the slot of the job's flow */
+    int64_t acct_us;  /* fair: virtual runtime charged up to here while running */
+    int32_t band;     /* fair: the band of effective_priority */
+    int32_t qprev;    /* fair: neighbours in the flow's queue, by (priority, id) */
+    int32_t qnext;
     uint8_t state;
     uint8_t started_before;
 } work_t;
@@ -51,6 +56,20 @@ typedef struct {
     int32_t device;
     int32_t next_free;
 } model_t;
+
+/* fair: one uid's work in one band of one device. */
+typedef struct {
+    int64_t key;
+    int64_t vruntime;
+    int32_t head, tail; /* queued work, by (effective priority, id) */
+    int32_t running;
+    int32_t band;
+    int32_t uid;
+    int32_t prev, next; /* the device's list of flows */
+    int32_t sim;        /* a cursor into the queue while picks are ranked */
+    int32_t next_free;
+    int32_t reused;
+} flow_t;
 
 typedef struct {
     int64_t model;
@@ -103,6 +122,14 @@ typedef struct {
     int32_t ch[VNPU_MAX_CHANNELS];
     int32_t *heap;
     int32_t heap_n;
+    int fair;
+    int32_t queued; /* fair: jobs in the flows' queues */
+    int32_t flows;  /* fair: the first flow of the device's list */
+    int64_t live[VNPU_MAX_BANDS];
+    int64_t busy[VNPU_MAX_BANDS];
+    int64_t credit[VNPU_MAX_BANDS];
+    int64_t folded_us;
+    int64_t checked_us;
     gen_t *gens;
     int32_t ngen;
     int32_t gen_cap;
@@ -149,6 +176,11 @@ struct vnpu_handle {
     model_t *models;
     map_t model_map;
     int64_t next_model_id;
+
+    flow_t *flowpool;
+    int32_t flow_hw;
+    int32_t flow_free;
+    map_t flow_map;
 
     vnpu_config unknown;
     vnpu_config *configs;
@@ -500,6 +532,377 @@ static int32_t running_count(const device_t *d) {
     return n;
 }
 
+/* Running jobs (slots) by channel; m <= 64, so an insertion sort. */
+static void sort_by_channel(const vnpu_handle *h, int32_t *out, int32_t m) {
+    for (int32_t i = 1; i < m; i++) {
+        int32_t s = out[i], j = i;
+        while (j > 0 && h->pool[out[j - 1]].channel > h->pool[s].channel) {
+            out[j] = out[j - 1];
+            j--;
+        }
+        out[j] = s;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Fair share (core/scheduler.py): bands, one flow per (band, uid) with a virtual runtime
+ * and a queue by (effective priority, id), and a floor credit per band
+ * ------------------------------------------------------------------------------------- */
+
+static int32_t band_of(const device_t *d, int32_t eff) {
+    int32_t b = 0;
+    for (int32_t i = 0; i < d->spec.nbands; i++)
+        if (eff >= d->spec.band_first[i]) b = i;
+    return b;
+}
+
+static int64_t weight_of(const device_t *d, const work_t *w) {
+    return VNPU_FAIR_WEIGHT_BASE + w->effective_priority - d->spec.band_first[w->band];
+}
+
+static int64_t flow_key(int32_t dn, int32_t band, int32_t uid) {
+    return ((int64_t)uid * VNPU_MAX_DEVICES + dn) * VNPU_MAX_BANDS + band + 1;
+}
+
+/* a + dt * rate kept within [lo, hi] without overflow (a is within already, dt >= 0). */
+static int64_t clamp_add(int64_t a, int64_t dt, int64_t rate, int64_t lo, int64_t hi) {
+    if (rate > 0) return dt > (hi - a) / rate ? hi : a + dt * rate;
+    if (rate < 0) return dt > (a - lo) / -rate ? lo : a + dt * rate;
+    return a;
+}
+
+/* Virtual runtimes and floor credits up to t; the rates have been constant since. */
+static void fold(vnpu_handle *h, device_t *d, int64_t t) {
+    if (!d->fair || t == d->folded_us) {
+        d->folded_us = t;
+        return;
+    }
+    int64_t dt = t - d->folded_us;
+    for (int32_t c = 0; c < d->nch; c++) {
+        if (d->ch[c] == NO_SLOT) continue;
+        work_t *w = &h->pool[d->ch[c]];
+        h->flowpool[w->flow].vruntime += (t - w->acct_us) * weight_of(d, w);
+        w->acct_us = t;
+    }
+    int64_t fl = d->spec.floor_percent, win = d->spec.floor_window_us, above = 0;
+    for (int32_t b = 0; b < d->spec.nbands; b++) {
+        if (d->live[b]) {
+            int64_t rate = fl * above - (100 - fl) * d->busy[b];
+            d->credit[b] = clamp_add(d->credit[b], dt, rate, -(100 - fl) * win, fl * win);
+        }
+        above += d->busy[b];
+    }
+    d->folded_us = t;
+}
+
+static void flow_link(vnpu_handle *h, int32_t *head, int32_t s) {
+    flow_t *f = &h->flowpool[s];
+    f->prev = NO_SLOT;
+    f->next = *head;
+    if (*head != NO_SLOT) h->flowpool[*head].prev = s;
+    *head = s;
+}
+
+static void flow_unlink(vnpu_handle *h, int32_t *head, int32_t s) {
+    flow_t *f = &h->flowpool[s];
+    if (f->prev != NO_SLOT)
+        h->flowpool[f->prev].next = f->next;
+    else
+        *head = f->next;
+    if (f->next != NO_SLOT) h->flowpool[f->next].prev = f->prev;
+}
+
+static int32_t flow_new(vnpu_handle *h, device_t *d, int64_t key, int32_t band, int32_t uid,
+                        int64_t vruntime) {
+    int32_t s;
+    if (h->flow_free != NO_SLOT) {
+        s = h->flow_free;
+        h->flow_free = h->flowpool[s].next_free;
+    } else {
+        s = h->flow_hw++;
+    }
+    flow_t *f = &h->flowpool[s];
+    f->key = key;
+    f->vruntime = vruntime;
+    f->head = f->tail = NO_SLOT;
+    f->running = 0;
+    f->band = band;
+    f->uid = uid;
+    f->reused = 1;
+    flow_link(h, &d->flows, s);
+    map_put(&h->flow_map, key, s);
+    return s;
+}
+
+static void flow_drop(vnpu_handle *h, int32_t *head, int32_t s) {
+    flow_unlink(h, head, s);
+    map_del(&h->flow_map, h->flowpool[s].key);
+    h->flowpool[s].next_free = h->flow_free;
+    h->flow_free = s;
+}
+
+static int64_t band_min_vruntime(const vnpu_handle *h, const device_t *d, int32_t band) {
+    int64_t m = 0;
+    int any = 0;
+    for (int32_t s = d->flows; s != NO_SLOT; s = h->flowpool[s].next) {
+        const flow_t *f = &h->flowpool[s];
+        if (f->band == band && (!any || f->vruntime < m)) {
+            m = f->vruntime;
+            any = 1;
+        }
+    }
+    return m;
+}
+
+/* Into the flow's queue by (priority, id): arrivals append; a paused job is found early. */
+static void fq_insert(vnpu_handle *h, flow_t *f, int32_t s) {
+    work_t *w = &h->pool[s];
+    if (f->tail == NO_SLOT || key_less(&h->pool[f->tail], w)) {
+        w->qprev = f->tail;
+        w->qnext = NO_SLOT;
+        if (f->tail != NO_SLOT)
+            h->pool[f->tail].qnext = s;
+        else
+            f->head = s;
+        f->tail = s;
+        return;
+    }
+    int32_t at = f->head;
+    while (key_less(&h->pool[at], w)) at = h->pool[at].qnext;
+    w->qnext = at;
+    w->qprev = h->pool[at].qprev;
+    if (w->qprev != NO_SLOT)
+        h->pool[w->qprev].qnext = s;
+    else
+        f->head = s;
+    h->pool[at].qprev = s;
+}
+
+static void fq_remove(vnpu_handle *h, flow_t *f, int32_t s) {
+    work_t *w = &h->pool[s];
+    if (w->qprev != NO_SLOT)
+        h->pool[w->qprev].qnext = w->qnext;
+    else
+        f->head = w->qnext;
+    if (w->qnext != NO_SLOT)
+        h->pool[w->qnext].qprev = w->qprev;
+    else
+        f->tail = w->qprev;
+}
+
+static void fair_enqueue(vnpu_handle *h, device_t *d, int32_t s, int64_t t) {
+    fold(h, d, t);
+    work_t *w = &h->pool[s];
+    w->band = band_of(d, w->effective_priority);
+    d->live[w->band]++;
+    int64_t key = flow_key(w->device, w->band, w->uid);
+    int32_t f = map_get(&h->flow_map, key);
+    if (f == NO_SLOT) f = flow_new(h, d, key, w->band, w->uid, band_min_vruntime(h, d, w->band));
+    w->flow = f;
+    d->queued++;
+    fq_insert(h, &h->flowpool[f], s);
+}
+
+/* A job of the flow is gone for good: the band may empty (credit reset), the flow too. */
+static void fair_left(vnpu_handle *h, device_t *d, const work_t *w) {
+    const flow_t *f = &h->flowpool[w->flow];
+    if (--d->live[w->band] == 0) d->credit[w->band] = 0;
+    if (f->head == NO_SLOT && f->running == 0) flow_drop(h, &d->flows, w->flow);
+}
+
+static void fair_remove(vnpu_handle *h, device_t *d, int32_t s, int64_t t) {
+    fold(h, d, t);
+    d->queued--;
+    fq_remove(h, &h->flowpool[h->pool[s].flow], s);
+    fair_left(h, d, &h->pool[s]);
+}
+
+static void fair_start(vnpu_handle *h, device_t *d, int32_t s, int64_t t) {
+    fold(h, d, t);
+    work_t *w = &h->pool[s];
+    w->acct_us = t;
+    h->flowpool[w->flow].running++;
+    d->busy[w->band]++;
+}
+
+static void fair_stop(vnpu_handle *h, device_t *d, int32_t s, int64_t t, int requeue) {
+    fold(h, d, t);
+    work_t *w = &h->pool[s];
+    h->flowpool[w->flow].running--;
+    d->busy[w->band]--;
+    if (!requeue) {
+        fair_left(h, d, w);
+        return;
+    }
+    d->queued++;
+    fq_insert(h, &h->flowpool[w->flow], s);
+}
+
+/* Which flow's next job goes first: an owed band, a more important band, less virtual
+ * runtime, then the better job. */
+static int rank_less(const vnpu_handle *h, const device_t *d, const flow_t *a, const flow_t *b) {
+    int oa = d->credit[a->band] > 0 ? 0 : 1, ob = d->credit[b->band] > 0 ? 0 : 1;
+    if (oa != ob) return oa < ob;
+    if (a->band != b->band) return a->band < b->band;
+    if (a->vruntime != b->vruntime) return a->vruntime < b->vruntime;
+    return key_less(&h->pool[a->sim], &h->pool[b->sim]);
+}
+
+/* The next n jobs a free channel would take, in order, without taking them. */
+static int32_t fair_ranked(vnpu_handle *h, device_t *d, int32_t n, int32_t *out) {
+    for (int32_t s = d->flows; s != NO_SLOT; s = h->flowpool[s].next)
+        h->flowpool[s].sim = h->flowpool[s].head;
+    int32_t k = 0;
+    for (; k < n; k++) {
+        int32_t best = NO_SLOT;
+        for (int32_t s = d->flows; s != NO_SLOT; s = h->flowpool[s].next) {
+            const flow_t *f = &h->flowpool[s];
+            if (f->sim != NO_SLOT && (best == NO_SLOT || rank_less(h, d, f, &h->flowpool[best])))
+                best = s;
+        }
+        if (best == NO_SLOT) break;
+        flow_t *f = &h->flowpool[best];
+        out[k] = f->sim;
+        f->sim = h->pool[f->sim].qnext;
+    }
+    return k;
+}
+
+static int32_t fair_pick(vnpu_handle *h, device_t *d, int64_t t) {
+    if (d->queued == 0) return NO_SLOT;
+    fold(h, d, t);
+    int32_t s = NO_SLOT;
+    fair_ranked(h, d, 1, &s);
+    fq_remove(h, &h->flowpool[h->pool[s].flow], s);
+    d->queued--;
+    return s;
+}
+
+static int fair_beats(const vnpu_handle *h, const device_t *d, const work_t *wt, const work_t *r) {
+    if (wt->band != r->band) return wt->band < r->band || d->credit[wt->band] > 0;
+    if (wt->uid == r->uid) return key_less(wt, r);
+    return h->flowpool[wt->flow].vruntime < h->flowpool[r->flow].vruntime;
+}
+
+static int due_at(const device_t *d, const work_t *w, int64_t t) {
+    int64_t e = t - w->run_start_us;
+    return e > 0 && e % d->spec.slice_us == 0;
+}
+
+/* Worst-first order of running jobs: less important band, more virtual runtime, higher
+ * effective priority, nearer slice boundary, lower channel. */
+static int worse(const vnpu_handle *h, const device_t *d, const work_t *a, const work_t *b,
+                 int64_t t) {
+    if (a->band != b->band) return a->band > b->band;
+    int64_t va = h->flowpool[a->flow].vruntime, vb = h->flowpool[b->flow].vruntime;
+    if (va != vb) return va > vb;
+    if (a->effective_priority != b->effective_priority)
+        return a->effective_priority > b->effective_priority;
+    int64_t ba = boundary_us(d, a, t), bb = boundary_us(d, b, t);
+    if (ba != bb) return ba < bb;
+    return a->channel < b->channel;
+}
+
+/* The running jobs to pause at t, by channel. */
+static int32_t fair_victims(vnpu_handle *h, device_t *d, int64_t t, int32_t *out) {
+    fold(h, d, t);
+    d->checked_us = t;
+    int32_t run[VNPU_MAX_CHANNELS], picks[VNPU_MAX_CHANNELS];
+    int32_t nrun = 0, any_due = 0;
+    for (int32_t c = 0; c < d->nch; c++) {
+        if (d->ch[c] == NO_SLOT) continue;
+        run[nrun++] = d->ch[c];
+        if (due_at(d, &h->pool[d->ch[c]], t)) any_due = 1;
+    }
+    if (!any_due || d->queued == 0) return 0;
+    int32_t free = d->nch - nrun;
+    int32_t np = fair_ranked(h, d, d->nch, picks);
+    for (int32_t i = 1; i < nrun; i++) {
+        int32_t s = run[i], j = i;
+        while (j > 0 && worse(h, d, &h->pool[s], &h->pool[run[j - 1]], t)) {
+            run[j] = run[j - 1];
+            j--;
+        }
+        run[j] = s;
+    }
+    int32_t m = 0;
+    for (int32_t i = 0; i < nrun && free + i < np; i++) {
+        if (!fair_beats(h, d, &h->pool[picks[free + i]], &h->pool[run[i]])) break;
+        if (due_at(d, &h->pool[run[i]], t)) out[m++] = run[i];
+    }
+    sort_by_channel(h, out, m);
+    return m;
+}
+
+static int64_t fair_next_pause(const vnpu_handle *h, const device_t *d, int64_t now) {
+    if (d->queued == 0) return NEVER;
+    int64_t after = now > d->checked_us + 1 ? now : d->checked_us + 1, t = NEVER;
+    for (int32_t c = 0; c < d->nch; c++)
+        if (d->ch[c] != NO_SLOT) t = min64(t, boundary_us(d, &h->pool[d->ch[c]], after));
+    return t;
+}
+
+/* Collect the ids of the device's queued work (fair) into ids from n; returns the new n. */
+static int32_t fair_queued_ids(const vnpu_handle *h, const device_t *d, int64_t model,
+                               int64_t *ids, int32_t n) {
+    for (int32_t f = d->flows; f != NO_SLOT; f = h->flowpool[f].next)
+        for (int32_t s = h->flowpool[f].head; s != NO_SLOT; s = h->pool[s].qnext)
+            if (model <= 0 || h->pool[s].model == model) ids[n++] = h->pool[s].id;
+    return n;
+}
+
+static int cmp_ids(const void *a, const void *b);
+
+/* Priorities changed: flows are rebuilt in id order; a flow of a (band, uid) that existed
+ * keeps its virtual runtime, a new one takes the least its band had before (0 if none). */
+static void fair_rerank(vnpu_handle *h, device_t *d, int32_t dn, int64_t t) {
+    fold(h, d, t);
+    int64_t *ids = h->scratch, omin[VNPU_MAX_BANDS];
+    int oany[VNPU_MAX_BANDS] = {0};
+    int32_t n = 0;
+    for (int32_t c = 0; c < d->nch; c++)
+        if (d->ch[c] != NO_SLOT) ids[n++] = h->pool[d->ch[c]].id;
+    n = fair_queued_ids(h, d, 0, ids, n);
+    qsort(ids, (size_t)n, sizeof(int64_t), cmp_ids);
+    int32_t old = d->flows;
+    d->flows = NO_SLOT;
+    for (int32_t s = old; s != NO_SLOT; s = h->flowpool[s].next) {
+        flow_t *f = &h->flowpool[s];
+        if (!oany[f->band] || f->vruntime < omin[f->band]) omin[f->band] = f->vruntime;
+        oany[f->band] = 1;
+        f->reused = 0;
+        f->head = f->tail = NO_SLOT;
+        f->running = 0;
+    }
+    for (int32_t b = 0; b < VNPU_MAX_BANDS; b++) d->live[b] = d->busy[b] = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t s = map_get(&h->work_map, ids[i]);
+        work_t *w = &h->pool[s];
+        w->effective_priority = effective(h, w->uid, w->original_uid, w->job_priority);
+        w->band = band_of(d, w->effective_priority);
+        int64_t key = flow_key(dn, w->band, w->uid);
+        int32_t f = map_get(&h->flow_map, key);
+        if (f != NO_SLOT && !h->flowpool[f].reused) {
+            flow_unlink(h, &old, f);
+            flow_link(h, &d->flows, f);
+            h->flowpool[f].reused = 1;
+        } else if (f == NO_SLOT) {
+            f = flow_new(h, d, key, w->band, w->uid, oany[w->band] ? omin[w->band] : 0);
+        }
+        w->flow = f;
+        d->live[w->band]++;
+        if (w->state == RUNNING) {
+            h->flowpool[f].running++;
+            d->busy[w->band]++;
+        } else {
+            fq_insert(h, &h->flowpool[f], s);
+        }
+    }
+    while (old != NO_SLOT) flow_drop(h, &old, old);
+    for (int32_t b = 0; b < VNPU_MAX_BANDS; b++)
+        if (!d->live[b]) d->credit[b] = 0;
+}
+
 /* ---------------------------------------------------------------------------------------
  * Work lifecycle
  * ------------------------------------------------------------------------------------- */
@@ -525,9 +928,13 @@ static void free_work(vnpu_handle *h, int32_t slot) {
 static void end_work(vnpu_handle *h, int32_t slot, int reason, int64_t t) {
     work_t *w = &h->pool[slot];
     device_t *d = &h->dev[w->device];
+    fold(h, d, t); /* charge the run so far before the channel is freed */
     if (w->state == RUNNING) {
         sync_work(d, w, t);
         d->ch[w->channel] = NO_SLOT;
+        if (d->fair) fair_stop(h, d, slot, t, 0);
+    } else if (d->fair) {
+        fair_remove(h, d, slot, t);
     } else {
         heap_remove_at(h, d, w->heap_pos);
     }
@@ -554,6 +961,7 @@ static void end_all(vnpu_handle *h, device_t *d, int64_t model, int reason, int6
         int32_t s = d->heap[i];
         if (model <= 0 || h->pool[s].model == model) ids[n++] = h->pool[s].id;
     }
+    if (d->fair) n = fair_queued_ids(h, d, model, ids, n);
     qsort(ids, (size_t)n, sizeof(int64_t), cmp_ids);
     for (int32_t i = 0; i < n; i++) {
         int32_t s = map_get(&h->work_map, ids[i]);
@@ -643,7 +1051,10 @@ static int64_t arrive(vnpu_handle *h, int32_t dn, int64_t model, int32_t uid,
     w->state = QUEUED;
     w->started_before = 0;
     map_put(&h->work_map, id, slot);
-    heap_push(h, d, slot);
+    if (d->fair)
+        fair_enqueue(h, d, slot, t);
+    else
+        heap_push(h, d, slot);
     d->dirty = 1;
     return id;
 }
@@ -659,14 +1070,21 @@ static void fire(vnpu_handle *h, int32_t dn, gen_t *g, int64_t t) {
 static void dispatch(vnpu_handle *h, device_t *d, int64_t t) {
     for (int32_t c = 0; c < d->nch; c++) {
         if (d->ch[c] != NO_SLOT) continue;
-        if (d->heap_n == 0) break;
-        int32_t s = heap_pop(h, d);
+        int32_t s;
+        if (d->fair) {
+            s = fair_pick(h, d, t);
+            if (s == NO_SLOT) break;
+        } else {
+            if (d->heap_n == 0) break;
+            s = heap_pop(h, d);
+        }
         work_t *w = &h->pool[s];
         w->state = RUNNING;
         w->channel = c;
         w->run_start_us = w->synced_us = t;
         d->ch[c] = s;
         d->comp_stale = 1;
+        if (d->fair) fair_start(h, d, s, t);
         int reason = w->started_before ? VNPU_START_RESUMED : VNPU_START_INITIAL;
         w->started_before = 1;
         emit(h, VNPU_KIND_STARTED, reason, w, t);
@@ -675,11 +1093,15 @@ static void dispatch(vnpu_handle *h, device_t *d, int64_t t) {
 
 static void pause_work(vnpu_handle *h, device_t *d, int32_t s, int64_t t) {
     work_t *w = &h->pool[s];
+    fold(h, d, t);
     sync_work(d, w, t);
     d->ch[w->channel] = NO_SLOT;
     w->state = QUEUED;
     w->channel = -1;
-    heap_push(h, d, s);
+    if (d->fair)
+        fair_stop(h, d, s, t, 1);
+    else
+        heap_push(h, d, s);
     emit(h, VNPU_KIND_ENDED, VNPU_END_PAUSED, w, t);
 }
 
@@ -719,15 +1141,7 @@ static int32_t marked(const vnpu_handle *h, const device_t *d, int32_t *out) {
         if (h->pool[waiting].effective_priority >= h->pool[run[i]].effective_priority) break;
         out[m++] = run[i];
     }
-    /* by channel */
-    for (int32_t i = 1; i < m; i++) {
-        int32_t s = out[i], j = i;
-        while (j > 0 && h->pool[out[j - 1]].channel > h->pool[s].channel) {
-            out[j] = out[j - 1];
-            j--;
-        }
-        out[j] = s;
-    }
+    sort_by_channel(h, out, m);
     return m;
 }
 
@@ -743,8 +1157,13 @@ static int64_t next_event(const vnpu_handle *h, device_t *d) {
         d->comp_stale = 0;
     }
     t = min64(t, d->comp_min);
-    int32_t m = marked(h, d, mk);
-    for (int32_t i = 0; i < m; i++) t = min64(t, boundary_us(d, &h->pool[mk[i]], h->clock_us));
+    if (d->fair) {
+        t = min64(t, fair_next_pause(h, d, h->clock_us));
+    } else {
+        int32_t m = marked(h, d, mk);
+        for (int32_t i = 0; i < m; i++)
+            t = min64(t, boundary_us(d, &h->pool[mk[i]], h->clock_us));
+    }
     if (d->gen_stale) {
         d->gen_min = NEVER;
         for (int32_t i = 0; i < d->ngen; i++) d->gen_min = min64(d->gen_min, d->gens[i].next_us);
@@ -775,9 +1194,14 @@ static void step(vnpu_handle *h, int32_t dn, int64_t t) {
     for (int32_t i = 0; i < n; i++)
         if (d->gens[i].remaining != 0) d->gens[kept++] = d->gens[i];
     d->ngen = kept;
-    int32_t m = marked(h, d, mk);
-    for (int32_t i = 0; i < m; i++)
-        if (boundary_us(d, &h->pool[mk[i]], t) == t) pause_work(h, d, mk[i], t);
+    if (d->fair) {
+        int32_t m = fair_victims(h, d, t, mk);
+        for (int32_t i = 0; i < m; i++) pause_work(h, d, mk[i], t);
+    } else {
+        int32_t m = marked(h, d, mk);
+        for (int32_t i = 0; i < m; i++)
+            if (boundary_us(d, &h->pool[mk[i]], t) == t) pause_work(h, d, mk[i], t);
+    }
     dispatch(h, d, t);
     update_tick(d, t);
 }
@@ -927,6 +1351,18 @@ static int spec_valid(const vnpu_spec *s) {
     if (s->heat_per_busy_channel_mc < 0 || s->heat_per_busy_channel_mc > VNPU_MAX_SPEC_MC)
         return 0;
     if (s->cooling_permille < 1 || s->cooling_permille > 1000) return 0;
+    /* A zeroed tail (strict, no bands, no floor) is the device before bands existed. */
+    if (s->scheduler != VNPU_SCHED_STRICT && s->scheduler != VNPU_SCHED_FAIR) return 0;
+    if (s->nbands < 0 || s->nbands > VNPU_MAX_BANDS) return 0;
+    if (s->nbands > 0 && s->band_first[0] != 0) return 0;
+    for (int32_t b = 1; b < s->nbands; b++)
+        if (s->band_first[b] <= s->band_first[b - 1] ||
+            s->band_first[b] > 2 * VNPU_MAX_PRIORITY)
+            return 0;
+    if (s->floor_percent < 0 || s->floor_percent > VNPU_MAX_FLOOR_PERCENT) return 0;
+    if (s->floor_window_us < (s->floor_percent ? 1 : 0) ||
+        s->floor_window_us > VNPU_MAX_FLOOR_WINDOW_US)
+        return 0;
     for (int i = 0; i < VNPU_LEVELS; i++) {
         if (s->thresholds_mc[i] < -VNPU_MAX_SPEC_MC || s->thresholds_mc[i] > VNPU_MAX_SPEC_MC)
             return 0;
@@ -944,6 +1380,8 @@ static void free_handle(vnpu_handle *h) {
     }
     free(h->pool);
     free(h->work_map.tab);
+    free(h->flowpool);
+    free(h->flow_map.tab);
     free(h->scratch);
     free(h->models);
     free(h->model_map.tab);
@@ -1014,6 +1452,15 @@ int vnpu_create(const vnpu_spec *specs, int32_t ndevices, int32_t max_live_work,
     if (map_init(&h->work_map, max_live_work) != VNPU_OK) goto nomem;
     if (map_init(&h->model_map, max_models) != VNPU_OK) goto nomem;
     if (map_init(&h->config_map, 1) != VNPU_OK) goto nomem;
+    h->flow_free = NO_SLOT;
+    int any_fair = 0;
+    for (int32_t i = 0; i < ndevices; i++) any_fair |= specs[i].scheduler == VNPU_SCHED_FAIR;
+    if (any_fair) {
+        /* A flow holds live work, so max_live_work of them, twice while flows are rebuilt. */
+        int64_t flows = 2 * (int64_t)max_live_work + 1;
+        h->flowpool = calloc((size_t)flows, sizeof(flow_t));
+        if (!h->flowpool || map_init(&h->flow_map, flows) != VNPU_OK) goto nomem;
+    }
 
     pthread_condattr_t attr;
     if (pthread_condattr_init(&attr) != 0) goto nomem;
@@ -1021,8 +1468,15 @@ int vnpu_create(const vnpu_spec *specs, int32_t ndevices, int32_t max_live_work,
     for (int32_t i = 0; i < ndevices; i++) {
         device_t *d = &h->dev[i];
         d->spec = specs[i];
+        if (d->spec.nbands == 0) {
+            d->spec.nbands = 1;
+            d->spec.band_first[0] = 0;
+        }
         d->temp_mc = d->peak_temp_mc = specs[i].ambient_mc;
         d->nch = specs[i].channels;
+        d->fair = specs[i].scheduler == VNPU_SCHED_FAIR;
+        d->flows = NO_SLOT;
+        d->checked_us = -1;
         for (int32_t c = 0; c < VNPU_MAX_CHANNELS; c++) d->ch[c] = NO_SLOT;
         d->heap = calloc((size_t)max_live_work, sizeof(int32_t));
         d->sleep_until = INT64_MIN;
@@ -1107,6 +1561,11 @@ int vnpu_configure(vnpu_handle *h, const vnpu_config *configs, int32_t n) {
     h->config_map = map;
     for (int32_t i = 0; i < h->ndev; i++) {
         device_t *d = &h->dev[i];
+        if (d->fair) {
+            fair_rerank(h, d, i, h->clock_us);
+            d->dirty = 1;
+            continue;
+        }
         for (int32_t c = 0; c < d->nch; c++) {
             if (d->ch[c] == NO_SLOT) continue;
             work_t *w = &h->pool[d->ch[c]];
@@ -1313,7 +1772,7 @@ int vnpu_status(vnpu_handle *h, int32_t device, vnpu_reading *out) {
     out->weight_memory_bytes = d->spec.weight_memory_bytes;
     out->weight_memory_used_bytes = d->weight_used;
     out->models_loaded = d->models;
-    out->queue_depth = d->heap_n;
+    out->queue_depth = d->fair ? d->queued : d->heap_n;
     out->temperature_mc = d->temp_mc;
     out->peak_temperature_mc = d->peak_temp_mc;
     out->severity = d->severity;

@@ -52,8 +52,13 @@ enum {
     VNPU_MAX_MODELS = 1048576,
     VNPU_MAX_EVENT_CAPACITY = 16777216,
     VNPU_MAX_BURST = 65536,
-    VNPU_MAX_HEAT_STEP_MC = 1000000000
+    VNPU_MAX_HEAT_STEP_MC = 1000000000,
+    VNPU_MAX_BANDS = 8,
+    VNPU_FAIR_WEIGHT_BASE = 100,
+    VNPU_MAX_FLOOR_PERCENT = 50
 };
+
+enum { VNPU_SCHED_STRICT = 0, VNPU_SCHED_FAIR = 1 };
 
 /* The time horizon: no event point happens at or after it (the reference's NEVER). */
 #define VNPU_NEVER 4611686018427387904
@@ -65,12 +70,20 @@ enum {
 #define VNPU_MAX_SRAM_BYTES 144115188075855871
 /* Largest cost_cycles of one job (INT64_MAX // 100 centi-cycles). */
 #define VNPU_MAX_COST_CYCLES 92233720368547758
+/* Largest floor window: floor credits stay within int64. */
+#define VNPU_MAX_FLOOR_WINDOW_US 1000000000000
 
 typedef struct vnpu_handle vnpu_handle;
 
-/* One device, as schemas.device.DeviceSpec (thermal fields flattened). */
+/* One device, as schemas.device.DeviceSpec (thermal fields flattened; bands as the first
+ * effective priority of each, most important first). */
 typedef struct {
     int32_t channels;
+    int32_t scheduler;
+    int32_t nbands;
+    int64_t band_first[8];
+    int64_t floor_percent;
+    int64_t floor_window_us;
     int64_t sram_bytes;
     int64_t weight_memory_bytes;
     int64_t clock_mhz;
