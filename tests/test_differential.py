@@ -3,7 +3,9 @@
 Random workloads run op by op on `ReferenceDriver` and `VnpuDriver`; after every op both
 must have returned the same value or raised the same error, and hold the same events,
 device readings, clock, next event point and idleness. Devices are small and hot so that
-preemption, throttling and SHUTDOWN happen; a separate test checks that they do.
+preemption, throttling and SHUTDOWN happen; they schedule strict or fair, with several
+band maps and floors, and workloads hold backlogs of one uid and saturating periodic
+foregrounds; a separate test checks that all of that happens.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from hypothesis import strategies as st
 
 from npumanager import EndReason, StartReason, ThermalSeverity
 from npumanager.core.events import EventKind, WorkEvent
-from npumanager.schemas.device import DeviceSpec, ThermalSpec
+from npumanager.schemas.device import DEFAULT_BANDS, Band, DeviceSpec, Scheduler, ThermalSpec
 from npumanager.vendor_drivers.reference import ReferenceDriver
 from npumanager.vendor_drivers.simulated import SimulatedDriver
 from npumanager.vendor_drivers.vnpu import VnpuDriver
@@ -33,6 +35,12 @@ GROUPS: list[Any] = [
 ]
 FEATURES = [None, "camera", "assistant", "keyboard"]
 AMBIENT = 35_000
+BAND_MAPS = [
+    DEFAULT_BANDS,
+    (Band(name="high", first_priority=0), Band(name="low", first_priority=1200)),
+    (Band(name="one", first_priority=0),),
+    tuple(Band(name=f"b{n}", first_priority=n * 250) for n in range(8)),
+]
 
 Op = tuple[Any, ...]
 
@@ -61,6 +69,10 @@ def device_specs(draw: st.DrawFn) -> DeviceSpec:
         clock_mhz=draw(st.sampled_from([1, 3, 10])),
         slice_us=draw(st.sampled_from([7, 50, 200, 1000])),
         thermal=draw(thermal_specs()),
+        scheduler=draw(st.sampled_from([Scheduler.FAIR, Scheduler.FAIR, Scheduler.STRICT])),
+        bands=draw(st.sampled_from(BAND_MAPS)),
+        floor_percent=draw(st.sampled_from([10, 0, 30, 50, 1])),
+        floor_window_us=draw(st.sampled_from([100_000, 40, 1_000, 7])),
     )
 
 
@@ -127,6 +139,7 @@ OPS: dict[str, st.SearchStrategy[Op]] = {
 }
 KINDS = st.sampled_from(
     ["contend"] * 2
+    + ["backlog", "saturate"]
     + ["submit"] * 8
     + ["advance"] * 6
     + ["periodic"] * 2
@@ -150,9 +163,35 @@ def contention(draw: st.DrawFn) -> list[Op]:
     ]
 
 
+@st.composite
+def backlog(draw: st.DrawFn) -> list[Op]:
+    """One uid queues several jobs of one priority at once: FIFO within it, shares across."""
+    model, uid, prio = draw(refs), draw(st.sampled_from(UIDS)), draw(priorities)
+    cost = draw(st.sampled_from([40, 300, 2000]))
+    return [("submit", model, uid, None, prio, cost, None, None, 0)] * draw(st.integers(3, 8))
+
+
+@st.composite
+def saturation(draw: st.DrawFn) -> list[Op]:
+    """A foreground that keeps the device busy, and a less important uid under it."""
+    model = draw(refs)
+    fg, bg = draw(st.sampled_from(UIDS)), draw(st.sampled_from(UIDS))
+    return [
+        ("periodic", model, fg, None, 0, draw(st.integers(100, 800)), 100, 0, 30, 2, None, None),
+        ("submit", model, bg, None, 1000, draw(st.integers(50, 3000)), None, None, 0),
+        ("advance", draw(st.integers(500, 3000))),
+    ]
+
+
 def op_lists(kind: str) -> st.SearchStrategy[list[Op]]:
     """The ops one drawn kind stands for."""
-    return contention() if kind == "contend" else OPS[kind].map(lambda op: [op])
+    if kind == "contend":
+        return contention()
+    if kind == "backlog":
+        return backlog()
+    if kind == "saturate":
+        return saturation()
+    return OPS[kind].map(lambda op: [op])
 
 
 @dataclass
@@ -312,6 +351,7 @@ def observed(events: list[WorkEvent], driver: SimulatedDriver) -> Counter[str]:
             seen["completed"] += 1
         if e.kind == EventKind.ENDED and e.reason == EndReason.CANCELLED_SYSTEM:
             seen["cancelled_system"] += 1
+    seen.update(fair_moments(events, driver.specs))
     for n in range(driver.device_count):
         state = driver.device_state(n)
         if state.throttled_us > 0:
@@ -320,6 +360,28 @@ def observed(events: list[WorkEvent], driver: SimulatedDriver) -> Counter[str]:
             seen["shutdown"] += 1
         if state.severity >= ThermalSeverity.SEVERE:
             seen["severe_at_end"] += 1
+    return seen
+
+
+def fair_moments(events: list[WorkEvent], specs: list[DeviceSpec]) -> Counter[str]:
+    """Fair-scheduler moments: a floor turn (a job starts while a job of a more important
+    band waits) and a time slice (a job pauses while none of a more important band waits)."""
+    seen: Counter[str] = Counter()
+    waiting: dict[int, dict[int, int]] = {n: {} for n in range(len(specs))}
+    for e in events:
+        spec, here = specs[e.device_number], waiting[e.device_number]
+        if spec.scheduler != Scheduler.FAIR:
+            continue
+        band = spec.band_of(e.effective_priority)
+        better = any(spec.band_of(p) < band for i, p in here.items() if i != e.id)
+        if e.kind == EventKind.STARTED:
+            seen["floor_turn"] += better
+            here.pop(e.id, None)
+        elif e.kind == EventKind.REQUESTED or e.reason == EndReason.PAUSED:
+            seen["time_slice"] += e.kind == EventKind.ENDED and not better
+            here[e.id] = e.effective_priority
+        else:
+            here.pop(e.id, None)
     return seen
 
 
@@ -337,7 +399,8 @@ def test_the_workloads_reach_preemption_throttling_and_shutdown() -> None:
         driver.close()
 
     run()
-    for what in ("paused", "resumed", "completed", "cancelled_system", "throttled", "shutdown"):
+    wanted = ("paused", "resumed", "completed", "cancelled_system", "throttled", "shutdown")
+    for what in (*wanted, "floor_turn", "time_slice"):
         assert seen[what] > 0, f"no generated workload showed {what}: {dict(seen)}"
 
 
