@@ -2,8 +2,8 @@
 
 Written against npu-manager's public API only (`import npumanager`). The Acme N1 is one
 NPU with two execution channels, 2 GiB of weight memory and 4 MiB of SRAM at 800 MHz; its
-firmware schedules like npu-manager's reference device (priority queue across uids by
-effective priority, preemption at slice boundaries, a thermal model), so the driver runs
+firmware schedules like npu-manager's reference device (priority bands, fair share between
+uids inside a band, preemption at slice boundaries, a thermal model), so the driver runs
 on `npumanager.ReferenceEngine` in virtual time. What the driver itself decides: the
 device it models, that there is exactly one of it, and what it claims.
 """
@@ -36,7 +36,12 @@ ACME_N1 = DeviceSpec(
 """The one device an Acme board carries."""
 
 CAPABILITIES = frozenset(
-    {DriverCapability.PREEMPTION, DriverCapability.THERMAL_MODEL, DriverCapability.VIRTUAL_TIME}
+    {
+        DriverCapability.PREEMPTION,
+        DriverCapability.THERMAL_MODEL,
+        DriverCapability.VIRTUAL_TIME,
+        DriverCapability.FAIR_SHARE,
+    }
 )
 """What the Acme driver claims: no MULTI_DEVICE (a board has one N1), no real time."""
 

@@ -587,6 +587,53 @@ class DriverSuite:
                 driver.cancel(stale)
                 pytest.fail(f"Cancel: cancelling work id {stale} that is not live is a LookupError")
 
+    def test_ShareBetweenUids(self, make: Callable[..., Driver]) -> None:
+        # Two uids of one priority, each with a backlog: shared under fair_share, one after
+        # the other (strict FIFO across uids) otherwise; FIFO within each uid either way.
+        driver = make([ONE_CHANNEL])
+        driver.set_scheduling_configs(
+            [SchedulingConfig(uid=uid, app_priority=100) for uid in (10, 11)]
+        )
+        model = driver.load_model(0, weight_bytes=1 << 10)
+        cost = self.cycles(driver, 10)
+        first = [driver.submit(model, uid=10, cost_cycles=cost) for _ in range(4)]
+        second = [driver.submit(model, uid=11, cost_cycles=cost) for _ in range(4)]
+        self.settle(driver)
+        order = completion_order(driver.take_events())
+        for works in (first, second):
+            assert [w for w in order if w in works] == works, (
+                f"FifoWithinUid: one uid's work of one priority must complete in submission "
+                f"order; completion order {order}, the uid's {works}"
+            )
+        if DriverCapability.FAIR_SHARE in self._caps:
+            assert order.index(second[0]) < order.index(first[2]), (
+                "FairShare: two uids of equal priority must share the device; the second "
+                f"uid's first job must not wait for the first uid's backlog; order {order}"
+            )
+        else:
+            assert order == first + second, (
+                "StrictFifo: without fair_share, equal priorities run in submission order "
+                f"across uids; completion order {order}, submitted {first + second}"
+            )
+
+    @requires(DriverCapability.FAIR_SHARE)
+    def test_FloorForLowerBands(self, make: Callable[..., Driver]) -> None:
+        driver = make([ONE_CHANNEL])
+        driver.set_scheduling_configs(
+            [SchedulingConfig(uid=20, app_priority=100), SchedulingConfig(uid=21, app_priority=400)]
+        )
+        model = driver.load_model(0, weight_bytes=1 << 10)
+        busy = [
+            driver.submit(model, uid=20, cost_cycles=self.cycles(driver, 10)) for _ in range(20)
+        ]
+        low = driver.submit(model, uid=21, cost_cycles=self.cycles(driver, 5))
+        self.settle(driver)
+        order = completion_order(driver.take_events())
+        assert order.index(low) < order.index(busy[-1]), (
+            "Floor: a lower band with waiting work must get its floor share while a more "
+            f"important band keeps the device busy; completion order {order}, low={low}"
+        )
+
     @requires(DriverCapability.PREEMPTION)
     def test_PausedResumedPairing(self, make: Callable[..., Driver]) -> None:
         driver = make([ONE_CHANNEL])

@@ -1,6 +1,7 @@
 """The `onnxruntime` driver: ONNX models run in CPU sessions under the HAL's scheduling.
 
-Scheduling is the reference device's (`ReferenceEngine`): a priority queue across uids by
+Scheduling is the reference device's strict one (`ReferenceEngine`, `scheduler="strict"`,
+so it claims no FAIR_SHARE): a priority queue across uids by
 effective priority (app priority from `SchedulingConfig` plus the clamped job priority;
 no direct access or attribution without permission end FAILED), FIFO among equals,
 strictly increasing ids, monotonic timestamps, cancel (CANCELLED_USER) and unload
@@ -45,7 +46,13 @@ from onnx import numpy_helper
 from npumanager.core.events import EventKind, WorkEvent
 from npumanager.errors import IllegalArgumentError, UnknownModelError
 from npumanager.schemas import EndReason
-from npumanager.schemas.device import DeviceDescription, DeviceSpec, DeviceStatus, ThermalSpec
+from npumanager.schemas.device import (
+    DeviceDescription,
+    DeviceSpec,
+    DeviceStatus,
+    Scheduler,
+    ThermalSpec,
+)
 from npumanager.schemas.limits import INT64_MAX, MIN_PRIORITY, SIMULATION_HORIZON_US
 from npumanager.vendor_drivers.reference.engine import ReferenceEngine
 from npumanager.vendor_drivers.simulated import (
@@ -180,6 +187,7 @@ class OnnxRuntimeDriver(SimulatedDriver):
                 update={
                     "clock_mhz": CLOCK_MHZ,
                     "slice_us": NO_SLICE_US,
+                    "scheduler": Scheduler.STRICT,
                     "thermal": ThermalSpec(heat_per_busy_channel_mc=0),
                 }
             )

@@ -23,6 +23,7 @@ CAPABILITIES = frozenset(
         DriverCapability.THERMAL_MODEL,
         DriverCapability.VIRTUAL_TIME,
         DriverCapability.MULTI_DEVICE,
+        DriverCapability.FAIR_SHARE,
     }
 )
 

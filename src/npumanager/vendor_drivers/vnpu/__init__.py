@@ -193,6 +193,7 @@ CAPABILITIES = frozenset(
         DriverCapability.VIRTUAL_TIME,
         DriverCapability.REAL_TIME,
         DriverCapability.MULTI_DEVICE,
+        DriverCapability.FAIR_SHARE,
     }
 )
 
