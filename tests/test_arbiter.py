@@ -513,7 +513,7 @@ def test_swap_keeps_what_still_fits() -> None:
 # ------------------------------------------------------- priorities and configs
 
 
-def test_priorities_follow_importance_clamped_with_pinned_and_unknown_uids() -> None:
+def test_priorities_follow_importance_with_pinned_and_unknown_uids() -> None:
     arbiter = Arbiter(status_quo(None))
     assert arbiter.uid_priority(BG) == UNKNOWN_UID_PRIORITY
     assert arbiter.uid_priority(ROOT_UID) == arbiter.uid_priority(SYSTEM_UID) == PINNED_PRIORITY
@@ -522,10 +522,10 @@ def test_priorities_follow_importance_clamped_with_pinned_and_unknown_uids() -> 
     assert arbiter.uid_priority(SYSTEM_UID) == PINNED_PRIORITY
     arbiter.set_importance(0, BG, Importance.PERCEPTIBLE)
     assert arbiter.uid_priority(BG) == 230
-    arbiter.set_importance(0, BG, -20)
-    assert arbiter.uid_priority(BG) == 0
-    arbiter.set_importance(0, BG, 5000)
-    assert arbiter.uid_priority(BG) == 1000
+    for outside in (-20, 5000):
+        with pytest.raises(IllegalArgumentError, match="importance must be within 0..1000"):
+            arbiter.set_importance(0, BG, outside)
+        assert arbiter.uid_priority(BG) == 230
 
 
 def test_importance_change_relays_the_uid_config_once() -> None:
@@ -536,10 +536,10 @@ def test_importance_change_relays_the_uid_config_once() -> None:
     assert arbiter.set_importance(2, BG, 399) == [
         RelayConfigs((SchedulingConfig(uid=BG, app_priority=399),), replace_all=False)
     ]
-    assert arbiter.set_importance(3, BG, 5000) == [
+    assert arbiter.set_importance(3, BG, 1000) == [
         RelayConfigs((SchedulingConfig(uid=BG, app_priority=1000),), replace_all=False)
     ]
-    assert arbiter.set_importance(4, BG, 1200) == []
+    assert arbiter.set_importance(4, BG, 1000) == []
     first_seen_at_default = arbiter.set_importance(5, FG, UNKNOWN_UID_PRIORITY)
     assert first_seen_at_default == [
         RelayConfigs((SchedulingConfig(uid=FG, app_priority=1000),), replace_all=False)

@@ -27,7 +27,12 @@ from npumanager.core.actions import (
 )
 from npumanager.core.arbiter import Arbiter
 from npumanager.core.policy import Policy
-from npumanager.errors import DuplicateRequestError, RequestStateError, UnknownRequestError
+from npumanager.errors import (
+    DuplicateRequestError,
+    IllegalArgumentError,
+    RequestStateError,
+    UnknownRequestError,
+)
 from npumanager.plugins.policies.budget import BudgetPolicy, budget, turn_taking
 from npumanager.plugins.policies.pressure import PressurePolicy, pressure
 from npumanager.plugins.policies.status_quo import status_quo
@@ -255,6 +260,12 @@ class ArbiterMachine(RuleBasedStateMachine):
 
     @rule(uid=st.sampled_from(sorted(set(CLIENT_UIDS.values()))), importance=st.integers(-5, 1005))
     def importance(self, uid: int, importance: int) -> None:
+        if not 0 <= importance <= 1000:
+            before = self.arbiter.scheduling_configs()
+            with pytest.raises(IllegalArgumentError, match="importance must be within"):
+                self.arbiter.set_importance(self.now, uid, importance)
+            assert self.arbiter.scheduling_configs() == before
+            return
         self.feed(self.arbiter.set_importance(self.now, uid, importance))
 
     @rule(uid=st.sampled_from([10001, 10003]), importance=st.sampled_from(Importance))

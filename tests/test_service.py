@@ -538,7 +538,10 @@ def test_real_time_service_runs_the_flow_on_its_own_threads() -> None:
         bg_app = svc.manager(10002, uses_feature=True)
         bg = Recorder(bg_app, obey=False)
         bg_app.request_can_load_model(req(1), bg)
-        assert wait_for(lambda: bg.names() == ["can_load"])
+        # The callback loads and then reports loaded; a foreground request before the report
+        # would cancel the still-granted request instead of asking it to unload.
+        assert wait_for(lambda: svc.state_of(bg_app, req(1)) == RequestState.LOADED)
+        assert bg.names() == ["can_load"]
         assert bg.threads == {"npu-dispatch_0"}
         work = bg.models[0].submit(10**15)
         events: list[WorkEvent] = []

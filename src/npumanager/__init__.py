@@ -14,7 +14,15 @@ from npumanager.core.client import (
     ModelLoadStatusListener,
     NpuManager,
 )
-from npumanager.core.driver import BatchCallback, DriverBase, SchedulingCallback
+from npumanager.core.driver import (
+    BatchCallback,
+    Driver,
+    DriverBase,
+    RealClock,
+    SchedulingCallback,
+    ThermalModel,
+    VirtualClock,
+)
 from npumanager.core.events import EventKind, WorkEvent
 from npumanager.core.hookspecs import hookimpl
 from npumanager.core.lease import AsyncLease, Lease, LeaseEndedError
@@ -55,7 +63,7 @@ from npumanager.telemetry import (
     TelemetryEvent,
 )
 from npumanager.vendor_drivers.reference.engine import ReferenceEngine
-from npumanager.vendor_drivers.simulated import Engine, SimulatedDriver
+from npumanager.vendor_drivers.simulated import Engine, EngineDriver, SimulatedDriver
 
 try:
     __version__ = version("npu-manager")
@@ -76,8 +84,10 @@ __all__ = [  # noqa: PLE0604
     "DeviceSample",
     "DeviceSpec",
     "DeviceStatus",
+    "Driver",
     "DriverBase",
     "Engine",
+    "EngineDriver",
     "EventKind",
     "EventSink",
     "IllegalArgumentError",
@@ -97,6 +107,7 @@ __all__ = [  # noqa: PLE0604
     "PluginRegistry",
     "PluginWarning",
     "PolicyParamsError",
+    "RealClock",
     "ReferenceEngine",
     "RequestStateError",
     "SchedulingCallback",
@@ -105,12 +116,14 @@ __all__ = [  # noqa: PLE0604
     "SinkHandle",
     "SinkStats",
     "TelemetryEvent",
+    "ThermalModel",
     "ThermalSpec",
     "UnknownDeviceError",
     "UnknownModelError",
     "UnknownPluginError",
     "UnknownRequestError",
     "UnknownWorkError",
+    "VirtualClock",
     "WorkEvent",
     "__version__",
     "connect",

@@ -97,4 +97,6 @@ class RelayConfigs:
     replace_all: bool
 
 
-Action = CanLoad | RequestUnload | Complete | Revoke | RelayConfigs
+RequestAction = CanLoad | RequestUnload | Complete | Revoke
+"""An action about one request (everything but a config relay)."""
+Action = RequestAction | RelayConfigs

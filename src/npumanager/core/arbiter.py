@@ -12,6 +12,7 @@ import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from npumanager.checks import check_int
 from npumanager.core.actions import (
     Action,
     CanLoad,
@@ -75,16 +76,8 @@ class RequestInfo:
     device: int | None
 
 
-def _int(what: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise IllegalArgumentError(f"{what} must be an int within {low}..{high}; got {value!r}")
-    if not low <= value <= high:
-        raise IllegalArgumentError(f"{what} must be within {low}..{high}; got {value}")
-    return value
-
-
 def _uid(value: object) -> int:
-    return _int("uid", value, 0, INT32_MAX)
+    return check_int("uid", value, 0, INT32_MAX)
 
 
 class Arbiter:
@@ -98,7 +91,7 @@ class Arbiter:
         attribution_uids: frozenset[int] = frozenset(),
     ) -> None:
         self._check_policy(policy)
-        self.unload_grace_ms = _int("unload_grace_ms", unload_grace_ms, 0, INT64_MAX)
+        self.unload_grace_ms = check_int("unload_grace_ms", unload_grace_ms, 0, INT64_MAX)
         self.attribution_uids = frozenset(_uid(uid) for uid in attribution_uids)
         self._entries: dict[RequestKey, Entry] = {}
         self._by_uid: dict[int, dict[RequestKey, Entry]] = {}
@@ -137,7 +130,7 @@ class Arbiter:
             raise IllegalArgumentError(f"request must be a ModelLoadRequest; got {request!r}")
         uid = _uid(uid)
         if weight_bytes is not None:
-            _int("weight_bytes", weight_bytes, 1, INT64_MAX)
+            check_int("weight_bytes", weight_bytes, 1, INT64_MAX)
         key = RequestKey(client, request.id)
         if key in self._entries:
             raise DuplicateRequestError(
@@ -189,15 +182,14 @@ class Arbiter:
         return self._finish()
 
     def set_importance(self, now_ms: int, uid: int, importance: int) -> list[Action]:
-        """A uid's process importance changed; it becomes the uid's priority (0..1000)."""
+        """A uid's process importance (0..1000) changed; it becomes the uid's priority."""
         uid = _uid(uid)
-        if isinstance(importance, bool) or not isinstance(importance, int):
-            raise IllegalArgumentError(f"importance must be an int; got {importance!r}")
+        importance = check_int("importance", importance, MIN_PRIORITY, MAX_PRIORITY)
         if uid in _PINNED:
             return []
         self._begin(now_ms)
         old_rank = self.rank(uid)
-        self._priority[uid] = min(max(importance, MIN_PRIORITY), MAX_PRIORITY)
+        self._priority[uid] = importance
         self._relay([uid])
         if self.rank(uid) != old_rank:
             self._policy.rank_changed(uid, old_rank)
@@ -285,27 +277,17 @@ class Arbiter:
         expired = False
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now_ms:
-            _, seq, key = heapq.heappop(deadlines)
-            entry = self._entries.get(key)
-            if entry is None or entry.seq != seq or entry.state is not RequestState.UNLOADING:
+            deadline = heapq.heappop(deadlines)
+            if not self._deadline_live(deadline):
                 continue
+            key = deadline[2]
+            entry = self._entries[key]
             self._out.append(Revoke(key, entry.request, UnloadReason.CLIENT_UNRESPONSIVE))
             self._end(entry, ModelLoadRequestStatus.COMPLETE)
             expired = True
         if expired:
             self._policy.reevaluate()
         return self._finish()
-
-    def next_deadline_ms(self) -> int | None:
-        """When `tick` next has something to do, or None."""
-        deadlines = self._deadlines
-        while deadlines:
-            _, seq, key = deadlines[0]
-            entry = self._entries.get(key)
-            if entry is not None and entry.seq == seq and entry.state is RequestState.UNLOADING:
-                return deadlines[0][0]
-            heapq.heappop(deadlines)
-        return None
 
     def connect_driver(self) -> list[Action]:
         """Every known uid's scheduling config, replacing whatever the driver held."""
@@ -314,7 +296,7 @@ class Arbiter:
 
     def set_thermal(self, now_ms: int, device: int, severity: ThermalSeverity) -> list[Action]:
         """A device's thermal severity changed (acted on by the `pressure` policy)."""
-        device = _int("device", device, 0, MAX_DEVICES - 1)
+        device = check_int("device", device, 0, MAX_DEVICES - 1)
         try:
             severity = ThermalSeverity(severity)
         except ValueError:
@@ -331,7 +313,9 @@ class Arbiter:
 
     def set_memory_pressure(self, now_ms: int, level: int) -> list[Action]:
         """System memory pressure: 0 none, 1 moderate, 2 critical."""
-        level = _int("memory pressure level", level, MEMORY_PRESSURE_NONE, MEMORY_PRESSURE_CRITICAL)
+        level = check_int(
+            "memory pressure level", level, MEMORY_PRESSURE_NONE, MEMORY_PRESSURE_CRITICAL
+        )
         self._begin(now_ms)
         if level != self._memory_pressure:
             self._memory_pressure = level
@@ -354,7 +338,7 @@ class Arbiter:
                 f"got {len(device_capacities_bytes)}"
             )
         capacities = tuple(
-            _int(f"capacity of device {i}", c, 0, INT64_MAX)
+            check_int(f"capacity of device {i}", c, 0, INT64_MAX)
             for i, c in enumerate(device_capacities_bytes)
         )
         self._begin(self._now if now_ms is None else now_ms)
@@ -364,6 +348,10 @@ class Arbiter:
         return self._finish()
 
     # ---------------------------------------------------------------- queries
+
+    def next_deadline_ms(self) -> int | None:
+        """When `tick` next has something to do, or None (every input leaves a live one first)."""
+        return self._deadlines[0][0] if self._deadlines else None
 
     def state_of(self, client: int, request_id: int) -> RequestState:
         """Where a live request stands; `UnknownRequestError` if it is not live."""
@@ -433,9 +421,17 @@ class Arbiter:
         self._out = []
 
     def _finish(self) -> list[Action]:
+        deadlines = self._deadlines
+        while deadlines and not self._deadline_live(deadlines[0]):
+            heapq.heappop(deadlines)
         out = self._out
         self._out = []
         return out
+
+    def _deadline_live(self, deadline: tuple[int, int, RequestKey]) -> bool:
+        _, seq, key = deadline
+        entry = self._entries.get(key)
+        return entry is not None and entry.seq == seq and entry.state is RequestState.UNLOADING
 
     def _live(self, client: int, request_id: int) -> Entry:
         entry = self._entries.get(RequestKey(client, request_id))

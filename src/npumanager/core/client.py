@@ -9,13 +9,19 @@ once), `on_request_unload_model` under pressure, and exactly one
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from npumanager.checks import GroupId
+from npumanager.core.callbacks import (
+    ModelLoadRequestCallback,
+    StatusListener,
+    check_callback,
+    takes_reason,
+)
 from npumanager.core.dispatch import ExecutorLike, SerialQueue, Task, check_executor
+from npumanager.core.lease import AsyncLease, Lease, LeaseEndedError, TimeSource
 from npumanager.schemas import (
     ModelLoadRequest,
     ModelLoadRequestStatus,
@@ -24,73 +30,20 @@ from npumanager.schemas import (
     UnloadReason,
 )
 
-if TYPE_CHECKING:
-    from npumanager.core.lease import AsyncLease, Lease
-
-
-class ModelLoadRequestCallback:
-    """Override what you need; every method does nothing by default."""
-
-    def on_can_load_model(
-        self, request: ModelLoadRequest, status: ModelLoadStatus, listener: ModelLoadStatusListener
-    ) -> None:
-        """A decision: load now, wait for others to unload, or not now."""
-
-    def on_request_unload_model(
-        self, request: ModelLoadRequest, reason: UnloadReason | None = None
-    ) -> None:
-        """Release the model, then call `listener.notify_model_unloaded(request)`."""
-
-    def on_model_load_request_complete(
-        self, request: ModelLoadRequest, status: ModelLoadRequestStatus
-    ) -> None:
-        """The request is over: CANCELLED (before loading) or COMPLETE (unloaded)."""
-
-
-def takes_reason(callback: object) -> bool:
-    """True if the callback's `on_request_unload_model` accepts a reason argument."""
-    method = getattr(callback, "on_request_unload_model", None)
-    if method is None:
-        return False
-    function = getattr(method, "__func__", None)
-    if function is None:
-        return _accepts_two(method)
-    return _function_accepts_reason(function)
-
-
-@functools.lru_cache(maxsize=256)
-def _function_accepts_reason(function: Any) -> bool:
-    """For a plain function (self, request[, reason]): whether the reason fits."""
-    return _accepts_two(functools.partial(function, None))
-
-
-def _accepts_two(method: Any) -> bool:
-    try:
-        signature = inspect.signature(method)
-    except (TypeError, ValueError):
-        return True
-    params = list(signature.parameters.values())
-    if any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params):
-        return True
-    return len(params) >= 2
-
-
-def check_callback(callback: object) -> None:
-    """A `TypeError` naming what is missing, unless `callback` has the three methods."""
-    missing = [
-        name
-        for name in (
-            "on_can_load_model",
-            "on_request_unload_model",
-            "on_model_load_request_complete",
-        )
-        if not callable(getattr(callback, name, None))
-    ]
-    if missing:
-        raise TypeError(
-            f"callback must implement {', '.join(missing)} "
-            "(subclass npumanager.ModelLoadRequestCallback)"
-        )
+__all__ = [
+    "AsyncLease",
+    "Backend",
+    "Delivery",
+    "Lease",
+    "LeaseEndedError",
+    "LoadedModel",
+    "ModelLoadRequestCallback",
+    "ModelLoadStatusListener",
+    "NpuManager",
+    "StatusListener",
+    "check_callback",
+    "takes_reason",
+]
 
 
 @dataclass
@@ -140,77 +93,65 @@ class ModelLoadStatusListener:
 
     def notify_model_loaded(self, request: ModelLoadRequest) -> None:
         """The model is fully in driver memory."""
-        self._manager._service._notify_loaded(self._manager, request)
+        self._manager._service.notify_loaded(self._manager, request)
 
     def notify_model_unloaded(self, request: ModelLoadRequest) -> None:
         """The model is out of driver memory; the request completes."""
-        self._manager._service._notify_unloaded(self._manager, request)
+        self._manager._service.notify_unloaded(self._manager, request)
 
 
-POLICY_NAMES: dict[ModelPolicy, str] = {
-    ModelPolicy.STATUS_QUO: "status_quo",
-    ModelPolicy.TURN_TAKING: "turn_taking",
-    ModelPolicy.BUDGET: "budget",
-}
-"""The platform's policy constants by the plugin name that implements each."""
+class Backend(TimeSource, Protocol):
+    """What an `NpuManager` talks to: a `Service`'s `backend`, or a `DaemonClient`.
 
-
-class Backend(Protocol):
-    """What an `NpuManager` talks to: the in-process `Service`, or a `DaemonClient`.
-
-    The leading underscore marks these as the two backends' contract, not an app's API.
+    An app never calls these itself: its `NpuManager`, `ModelLoadStatusListener` and
+    `LoadedModel` do, passing themselves so the backend knows which client acts.
     """
 
-    @property
-    def clock(self) -> str:
-        """'virtual' or 'real'."""
-
-    @property
-    def now_ms(self) -> int:
-        """The service clock, in milliseconds."""
-
-    def quiescent(self) -> bool:
-        """Virtual time: True when nothing will change by itself."""
-
-    def advance(self, ms: int) -> None:
-        """Virtual time: run forward by `ms` milliseconds."""
-
-    def _request(
+    def request_load(
         self,
         manager: NpuManager,
         request: ModelLoadRequest,
         callback: ModelLoadRequestCallback,
         executor: ExecutorLike | None,
         weight_bytes: int | None,
-    ) -> None: ...
+    ) -> None:
+        """Register a new request and have its decisions delivered to `callback` on `executor`."""
 
-    def _cancel(self, manager: NpuManager, request: ModelLoadRequest) -> None: ...
+    def cancel_load(self, manager: NpuManager, request: ModelLoadRequest) -> None:
+        """Withdraw one of the manager's live requests."""
 
-    def _notify_loaded(self, manager: NpuManager, request: ModelLoadRequest) -> None: ...
+    def notify_loaded(self, manager: NpuManager, request: ModelLoadRequest) -> None:
+        """The manager's granted request has its model in driver memory."""
 
-    def _notify_unloaded(self, manager: NpuManager, request: ModelLoadRequest) -> None: ...
+    def notify_unloaded(self, manager: NpuManager, request: ModelLoadRequest) -> None:
+        """The manager released the request's model; the request completes."""
 
-    def _set_policy_as(
+    def set_policy_as(
         self, manager: NpuManager, policy: str | ModelPolicy | int, params: Mapping[str, Any] | None
-    ) -> None: ...
+    ) -> None:
+        """Swap the policy on the manager's behalf (it needs the management permission)."""
 
-    def _close_client(self, manager: NpuManager) -> None: ...
+    def close_client(self, manager: NpuManager) -> None:
+        """The manager leaves: its live requests end as if it had died."""
 
-    def _load_model(
+    def load_model(
         self, manager: NpuManager, request: ModelLoadRequest, weight_bytes: int, sram_bytes: int
-    ) -> LoadedModel: ...
+    ) -> LoadedModel:
+        """Load a granted request's model on its device, within what the grant allows."""
 
-    def _submit(
+    def submit_work(
         self,
         model: LoadedModel,
         cost_cycles: int,
         job_priority: int,
         original_uid: int | None,
-        group_id: Any,
+        group_id: GroupId | None,
         feature_id: str | None,
-    ) -> int: ...
+    ) -> int:
+        """Run one job on a loaded model; its work id."""
 
-    def _cancel_work(self, model: LoadedModel, work_id: int) -> None: ...
+    def cancel_work(self, model: LoadedModel, work_id: int) -> None:
+        """Cancel live work that this model submitted."""
 
 
 class NpuManager:
@@ -229,6 +170,11 @@ class NpuManager:
     def __repr__(self) -> str:
         return f"NpuManager(uid={self.uid}, pid={self.pid}, client={self.client})"
 
+    @property
+    def backend(self) -> Backend:
+        """The service or daemon client this manager talks to."""
+        return self._service
+
     def request_can_load_model(
         self,
         request: ModelLoadRequest,
@@ -244,21 +190,21 @@ class NpuManager:
         if not isinstance(request, ModelLoadRequest):
             raise TypeError(f"request must be a ModelLoadRequest; got {type(request).__name__}")
         check_callback(callback)
-        self._service._request(self, request, callback, check_executor(executor), weight_bytes)
+        self._service.request_load(self, request, callback, check_executor(executor), weight_bytes)
 
     def cancel_model_load(self, request: ModelLoadRequest) -> None:
         """Withdraw a live request of this client; it completes (CANCELLED or COMPLETE)."""
-        self._service._cancel(self, request)
+        self._service.cancel_load(self, request)
 
     def set_policy(
         self, policy: str | ModelPolicy | int, params: Mapping[str, Any] | None = None
     ) -> None:
         """Swap the model-loading policy; needs the management permission."""
-        self._service._set_policy_as(self, policy, params)
+        self._service.set_policy_as(self, policy, params)
 
     def close(self) -> None:
         """Leave the service: this client's live requests end as if it had died."""
-        self._service._close_client(self)
+        self._service.close_client(self)
 
     def __enter__(self) -> NpuManager:
         return self
@@ -274,7 +220,7 @@ class NpuManager:
         self, request: ModelLoadRequest, *, weight_bytes: int, sram_bytes: int = 0
     ) -> LoadedModel:
         """Put a granted request's model into driver memory, on the device it was given."""
-        return self._service._load_model(self, request, weight_bytes, sram_bytes)
+        return self._service.load_model(self, request, weight_bytes, sram_bytes)
 
     def reserve(
         self,
@@ -282,10 +228,8 @@ class NpuManager:
         *,
         timeout_s: float | None = None,
         weight_bytes: int | None = None,
-    ) -> Lease:
+    ) -> Lease[LoadedModel]:
         """A context manager that waits for CAN_LOAD_NOW and reports unloaded on exit."""
-        from npumanager.core.lease import Lease
-
         return Lease(self, request, timeout_s=timeout_s, weight_bytes=weight_bytes)
 
     def reserve_async(
@@ -294,10 +238,8 @@ class NpuManager:
         *,
         timeout_s: float | None = None,
         weight_bytes: int | None = None,
-    ) -> AsyncLease:
+    ) -> AsyncLease[LoadedModel]:
         """The same as `reserve`, for `async with`."""
-        from npumanager.core.lease import AsyncLease
-
         return AsyncLease(self, request, timeout_s=timeout_s, weight_bytes=weight_bytes)
 
 
@@ -325,14 +267,14 @@ class LoadedModel:
         *,
         job_priority: int = 0,
         original_uid: int | None = None,
-        group_id: Any = None,
+        group_id: GroupId | None = None,
         feature_id: str | None = None,
     ) -> int:
         """Run one job of `cost_cycles` on the model; returns the work id."""
-        return self.manager._service._submit(
+        return self.manager._service.submit_work(
             self, cost_cycles, job_priority, original_uid, group_id, feature_id
         )
 
     def cancel(self, work_id: int) -> None:
         """Cancel one of this model's jobs (it ends CANCELLED_USER)."""
-        self.manager._service._cancel_work(self, work_id)
+        self.manager._service.cancel_work(self, work_id)

@@ -1,8 +1,12 @@
-"""What every driver shares: the scheduling HAL surface and event delivery.
+"""The driver contract: what every driver gives the service and the conformance suite.
 
-`DriverBase` validates and stores scheduling configs (whole set or per uid, nothing
-applied if any is bad), holds the one callback, and pushes a driver's raw events
-through the debouncer to it. A driver subclass only applies configs to its device
+`Driver` is the protocol the service is typed with; `VirtualClock`, `RealClock` and
+`ThermalModel` are the optional capabilities a driver may add (claimed in its
+`DriverRecord`). Preemption and several devices are behaviours, not calls: a driver that
+claims them adds no member, and the conformance suite checks them through the events and
+the device numbering. `DriverBase` is an optional helper for the HAL half: it validates
+and stores scheduling configs (nothing applied if any is bad), holds the one callback, and
+pushes raw events through the debouncer; a subclass applies configs to its device
 (`_apply_configs`) and hands over raw events in batches (`_emit`).
 """
 
@@ -14,11 +18,13 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
+from npumanager.checks import GroupId
 from npumanager.core.debounce import Debouncer
 from npumanager.core.events import EventKind, WorkEvent, to_work_infos
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import EndReason, SchedulingConfig, StartReason, WorkInfo
-from npumanager.schemas.limits import DEBOUNCE_DURATION_MS
+from npumanager.schemas.device import DeviceDescription, DeviceStatus
+from npumanager.schemas.limits import DEBOUNCE_DURATION_MS, MIN_PRIORITY
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,133 @@ class BatchCallback(Protocol):
 
     def on_work_events(self, events: Sequence[WorkEvent]) -> None:
         """A batch of debounced events, in order."""
+
+
+Callback = SchedulingCallback | BatchCallback
+"""What a driver delivers its events to: per event (the HAL's spelling) or in batches."""
+
+
+@runtime_checkable
+class Driver(Protocol):
+    """What every driver provides: the scheduling HAL, devices, models, work and events.
+
+    Nothing here needs a simulated engine: a real runtime (worker threads around ONNX
+    Runtime or OpenVINO sessions) implements it directly. Errors are the package's:
+    `IllegalArgumentError` for a bad argument, `CapacityError` for a load that does not
+    fit, a `LookupError` (`UnknownModelError`, `UnknownWorkError`, `UnknownDeviceError`)
+    for a handle or id that is not live, `DriverClosedError` after `close`.
+    """
+
+    def set_scheduling_configs(
+        self, configs: Iterable[SchedulingConfig | Mapping[str, Any]]
+    ) -> None:
+        """Replace the whole set of configs (one per uid); nothing changes if any is bad."""
+
+    def update_scheduling_configs(
+        self, configs: Iterable[SchedulingConfig | Mapping[str, Any]]
+    ) -> None:
+        """Insert or replace the config of each uid given; the others stay."""
+
+    @property
+    def scheduling_configs(self) -> dict[int, SchedulingConfig]:
+        """The configs in force, by uid (a copy)."""
+
+    def set_callback(
+        self, callback: Callback | None, debounce_duration_ms: int = DEBOUNCE_DURATION_MS
+    ) -> None:
+        """Deliver events to `callback` (or to nobody), debounced over the window (0: raw)."""
+
+    @property
+    def debounce_duration_ms(self) -> int:
+        """The debounce window of the current callback registration."""
+
+    @property
+    def device_count(self) -> int:
+        """How many devices, numbered 0..device_count-1."""
+
+    def describe_devices(self) -> list[DeviceDescription]:
+        """What each device offers: channels, weight memory (what the arbiter budgets), SRAM."""
+
+    def device_state(self, device: int = 0) -> DeviceStatus:
+        """A reading of one device now: memory used, queue, what runs, temperature."""
+
+    @property
+    def now_us(self) -> int:
+        """The driver clock in microseconds: work events are stamped with it."""
+
+    def load_model(self, device: int = 0, *, weight_bytes: int, sram_bytes: int = 0) -> int:
+        """Account a model's bytes on a device and return its handle.
+
+        A model that does not fit raises `CapacityError` and changes nothing.
+        """
+
+    def unload_model(self, model: int) -> None:
+        """Free a model and its bytes; its queued and running work ends CANCELLED_SYSTEM."""
+
+    def submit(
+        self,
+        model: int,
+        *,
+        uid: int,
+        cost_cycles: int,
+        job_priority: int = MIN_PRIORITY,
+        original_uid: int | None = None,
+        group_id: GroupId | None = None,
+        feature_id: str | None = None,
+        debug_pid: int = 0,
+    ) -> int:
+        """Queue one job on the model's device, scheduled by the uid's config; its work id."""
+
+    def cancel(self, work_id: int) -> None:
+        """The client cancels live work: it ends CANCELLED_USER now."""
+
+    def pump(self) -> None:
+        """Deliver the events that happened since the last call to the callback (or keep them)."""
+
+    def take_events(self) -> list[WorkEvent]:
+        """Raw events kept while no callback was registered, oldest first; clears them."""
+
+    def run_until_idle(self, max_us: int | None = None) -> int:
+        """Run until no work is live (virtual time advances; real time waits at most
+        `max_us` of wall time); returns `now_us`."""
+
+    def close(self) -> None:
+        """Stop the driver and release what it holds; idempotent."""
+
+
+@runtime_checkable
+class VirtualClock(Protocol):
+    """Capability `virtual_time`: time moves only when told, so runs are deterministic."""
+
+    def advance(self, us: int) -> None:
+        """Run the devices for `us` microseconds of device time, then deliver events."""
+
+    def idle(self) -> bool:
+        """True when no work is live and no arrival is pending: time alone changes nothing."""
+
+
+@runtime_checkable
+class VirtualTimeDriver(Driver, VirtualClock, Protocol):
+    """A driver with the virtual clock: what a service with `clock="virtual"` runs on."""
+
+
+@runtime_checkable
+class RealClock(Protocol):
+    """Capability `real_time` with something to wait on: events arrive by themselves.
+
+    A real-time driver without `fileno` is pumped at least every 50 ms instead.
+    """
+
+    def fileno(self) -> int:
+        """A file descriptor that is readable while events wait for `pump`."""
+
+
+@runtime_checkable
+class ThermalModel(Protocol):
+    """Capability `thermal_model`: the device heats with work and throttles."""
+
+    def add_heat(self, device: int, millicelsius: int) -> None:
+        """A thermal spike: the device's temperature jumps by `millicelsius` now."""
 
 
 def validate_configs(

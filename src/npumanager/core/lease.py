@@ -12,10 +12,10 @@ import asyncio
 import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
-from npumanager.core.client import LoadedModel, ModelLoadRequestCallback, ModelLoadStatusListener
-from npumanager.core.dispatch import run_inline
+from npumanager.core.callbacks import ModelLoadRequestCallback, StatusListener
+from npumanager.core.dispatch import ExecutorLike, run_inline
 from npumanager.errors import NpuManagerError, UnknownRequestError
 from npumanager.schemas import (
     ModelLoadRequest,
@@ -24,8 +24,57 @@ from npumanager.schemas import (
     UnloadReason,
 )
 
-if TYPE_CHECKING:
-    from npumanager.core.client import NpuManager
+Model = TypeVar("Model")
+"""What the manager's `load_model` returns (a `LoadedModel`)."""
+Model_co = TypeVar("Model_co", covariant=True)
+
+
+class TimeSource(Protocol):
+    """What a lease reads of its manager's backend while it waits (every `Backend` has it)."""
+
+    @property
+    def clock(self) -> str:
+        """'virtual' or 'real'."""
+
+    @property
+    def now_ms(self) -> int:
+        """The service clock, in milliseconds."""
+
+    def quiescent(self) -> bool:
+        """Virtual time: True when nothing will change by itself."""
+
+    def advance(self, ms: int) -> None:
+        """Virtual time: run forward by `ms` milliseconds."""
+
+
+class Holder(Protocol[Model_co]):
+    """What a lease uses of its `NpuManager` (typed here so the lease needs no import of it)."""
+
+    @property
+    def backend(self) -> TimeSource:
+        """The service or daemon client the manager talks to."""
+
+    @property
+    def listener(self) -> StatusListener:
+        """The token through which loads and unloads are reported."""
+
+    def request_can_load_model(
+        self,
+        request: ModelLoadRequest,
+        callback: ModelLoadRequestCallback,
+        executor: ExecutorLike | None = None,
+        *,
+        weight_bytes: int | None = None,
+    ) -> None:
+        """Ask whether the model may be loaded."""
+
+    def cancel_model_load(self, request: ModelLoadRequest) -> None:
+        """Withdraw the request."""
+
+    def load_model(
+        self, request: ModelLoadRequest, *, weight_bytes: int, sram_bytes: int = 0
+    ) -> Model_co:
+        """Put the granted request's model into driver memory."""
 
 
 class LeaseEndedError(NpuManagerError):
@@ -51,7 +100,7 @@ class _LeaseState(ModelLoadRequestCallback):
             waker()  # type: ignore[operator]
 
     def on_can_load_model(
-        self, request: ModelLoadRequest, status: ModelLoadStatus, listener: ModelLoadStatusListener
+        self, request: ModelLoadRequest, status: ModelLoadStatus, listener: StatusListener
     ) -> None:
         self.status = status
         self.statuses.append(status)
@@ -75,10 +124,10 @@ class _LeaseState(ModelLoadRequestCallback):
         return self.status == ModelLoadStatus.CAN_LOAD_NOW or self.completion is not None
 
 
-class _LeaseBase:
+class _LeaseBase(Generic[Model]):
     def __init__(
         self,
-        manager: NpuManager,
+        manager: Holder[Model],
         request: ModelLoadRequest,
         *,
         timeout_s: float | None,
@@ -88,7 +137,7 @@ class _LeaseBase:
         self.request = request
         self.timeout_s = timeout_s
         self.weight_bytes = weight_bytes
-        self.models: list[LoadedModel] = []
+        self.models: list[Model] = []
         self._state = _LeaseState()
         self._stuck = False
 
@@ -112,7 +161,7 @@ class _LeaseBase:
         """How the request ended, once it has (e.g. COMPLETE after a revoke)."""
         return self._state.completion
 
-    def load_model(self, weight_bytes: int, *, sram_bytes: int = 0) -> LoadedModel:
+    def load_model(self, weight_bytes: int, *, sram_bytes: int = 0) -> Model:
         """Load the model into driver memory and report it loaded."""
         model = self.manager.load_model(
             self.request, weight_bytes=weight_bytes, sram_bytes=sram_bytes
@@ -154,12 +203,12 @@ class _LeaseBase:
             self.manager.listener.notify_model_unloaded(self.request)
 
 
-class Lease(_LeaseBase):
+class Lease(_LeaseBase[Model]):
     """A reservation held for the duration of a `with` block."""
 
-    def __enter__(self) -> Lease:
+    def __enter__(self) -> Lease[Model]:
         self._start()
-        service = self.manager._service
+        service = self.manager.backend
         if service.clock == "virtual":
             limit = None if self.timeout_s is None else service.now_ms + int(self.timeout_s * 1000)
             while not self._state.decided and (limit is None or service.now_ms < limit):
@@ -182,15 +231,15 @@ class Lease(_LeaseBase):
         self._finish()
 
 
-class AsyncLease(_LeaseBase):
+class AsyncLease(_LeaseBase[Model]):
     """A reservation held for the duration of an `async with` block."""
 
-    async def __aenter__(self) -> AsyncLease:
+    async def __aenter__(self) -> AsyncLease[Model]:
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
         self._state.wakers.append(lambda: loop.call_soon_threadsafe(woken.set))
         self._start()
-        service = self.manager._service
+        service = self.manager.backend
         if service.clock == "virtual":
             limit = None if self.timeout_s is None else service.now_ms + int(self.timeout_s * 1000)
             while not self._state.decided and (limit is None or service.now_ms < limit):

@@ -16,7 +16,13 @@ from pydantic import BaseModel, ValidationError
 
 from npumanager.core.actions import RequestKey, RequestState
 from npumanager.errors import PolicyParamsError
-from npumanager.schemas import ModelLoadRequest, PolicyRecord, ThermalSeverity, UnloadReason
+from npumanager.schemas import (
+    ModelLoadRequest,
+    ModelPolicy,
+    PolicyRecord,
+    ThermalSeverity,
+    UnloadReason,
+)
 
 HOLDING = frozenset(
     {RequestState.GRANTED, RequestState.WAITING, RequestState.LOADED, RequestState.UNLOADING}
@@ -234,3 +240,22 @@ def make_room(
         else:
             displace(other)
     return must_wait
+
+
+POLICY_NAMES: dict[ModelPolicy, str] = {
+    ModelPolicy.STATUS_QUO: "status_quo",
+    ModelPolicy.TURN_TAKING: "turn_taking",
+    ModelPolicy.BUDGET: "budget",
+}
+"""The platform's policy constants by the plugin name that implements each."""
+
+
+def policy_name(policy: str | ModelPolicy | int) -> str:
+    """The plugin name for a policy given by name or by the platform's constant."""
+    if isinstance(policy, str):
+        return policy.replace("-", "_")
+    try:
+        return POLICY_NAMES[ModelPolicy(policy)]
+    except ValueError:
+        allowed = ", ".join(f"{p.name}={p.value}" for p in ModelPolicy)
+        raise PolicyParamsError(f"unknown policy {policy!r}; allowed: {allowed}") from None

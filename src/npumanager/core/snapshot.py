@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from npumanager.core.actions import RequestState
+from npumanager.core.arbiter import Arbiter
+from npumanager.core.driver import Driver
+from npumanager.telemetry import SinkStats
 
-if TYPE_CHECKING:
-    from npumanager.core.service import Service
 
-
-def build_snapshot(service: Service) -> dict[str, Any]:
+def build_snapshot(
+    arbiter: Arbiter,
+    driver: Driver,
+    *,
+    policy_name: str,
+    sinks: Mapping[str, SinkStats],
+    callback_errors: int,
+) -> dict[str, Any]:
     """Policy and parameters, configs by uid, live requests by state, and every device."""
-    arbiter = service.arbiter
     policy = arbiter.policy
     params = policy.params.model_dump(mode="json") if policy.params is not None else {}
     by_state: dict[str, list[dict[str, Any]]] = {state.value: [] for state in RequestState}
@@ -30,7 +37,7 @@ def build_snapshot(service: Service) -> dict[str, Any]:
             }
         )
     return {
-        "policy": {"name": service.policy_name, "params": params},
+        "policy": {"name": policy_name, "params": params},
         "priorities": [
             {
                 "uid": config.uid,
@@ -43,15 +50,15 @@ def build_snapshot(service: Service) -> dict[str, Any]:
             for config in arbiter.scheduling_configs()
         ],
         "requests": by_state,
-        "devices": [_device(service, device) for device in range(service.driver.device_count)],
-        "sinks": {name: stats._asdict() for name, stats in service.sink_stats().items()},
+        "devices": [_device(driver, device) for device in range(driver.device_count)],
+        "sinks": {name: stats._asdict() for name, stats in sinks.items()},
         "memory_pressure": arbiter.memory_pressure,
-        "callback_errors": service.callback_errors,
+        "callback_errors": callback_errors,
     }
 
 
-def _device(service: Service, number: int) -> dict[str, Any]:
-    status = service.driver.device_state(number)
+def _device(driver: Driver, number: int) -> dict[str, Any]:
+    status = driver.device_state(number)
     return {
         "device": number,
         "weight_memory_bytes": status.weight_memory_bytes,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from npumanager import errors
+from npumanager.checks import group_bytes
 from npumanager.core.client import (
     Delivery,
     LoadedModel,
@@ -41,7 +42,6 @@ from npumanager.schemas import (
     UnloadReason,
 )
 from npumanager.schemas.limits import PROTOCOL_VERSION
-from npumanager.vendor_drivers.simulated import group_bytes
 
 log = logging.getLogger(__name__)
 
@@ -231,10 +231,10 @@ class DaemonClient:
 
     # What NpuManager calls --------------------------------------------------------------
 
-    def _close_client(self, _manager: NpuManager) -> None:
+    def close_client(self, _manager: NpuManager) -> None:
         self.close()
 
-    def _request(
+    def request_load(
         self,
         manager: NpuManager,
         request: ModelLoadRequest,
@@ -263,16 +263,16 @@ class DaemonClient:
                 del self._remote[request.id]
             raise
 
-    def _cancel(self, _manager: NpuManager, request: ModelLoadRequest) -> None:
+    def cancel_load(self, _manager: NpuManager, request: ModelLoadRequest) -> None:
         self._call(p.CancelLoad, request_id=request.id)
 
-    def _notify_loaded(self, _manager: NpuManager, request: ModelLoadRequest) -> None:
+    def notify_loaded(self, _manager: NpuManager, request: ModelLoadRequest) -> None:
         self._call(p.NotifyLoaded, request_id=request.id)
 
-    def _notify_unloaded(self, _manager: NpuManager, request: ModelLoadRequest) -> None:
+    def notify_unloaded(self, _manager: NpuManager, request: ModelLoadRequest) -> None:
         self._call(p.NotifyUnloaded, request_id=request.id)
 
-    def _set_policy_as(
+    def set_policy_as(
         self,
         _manager: NpuManager,
         policy: str | ModelPolicy | int,
@@ -280,7 +280,7 @@ class DaemonClient:
     ) -> None:
         self.set_policy(policy, params)
 
-    def _load_model(
+    def load_model(
         self, manager: NpuManager, request: ModelLoadRequest, weight_bytes: int, sram_bytes: int
     ) -> LoadedModel:
         result = self._call(
@@ -289,7 +289,7 @@ class DaemonClient:
         assert result is not None
         return LoadedModel(manager, request, int(result["model"]), int(result["device"]))
 
-    def _submit(
+    def submit_work(
         self,
         model: LoadedModel,
         cost_cycles: int,
@@ -311,7 +311,7 @@ class DaemonClient:
         assert result is not None
         return int(result["work_id"])
 
-    def _cancel_work(self, model: LoadedModel, work_id: int) -> None:
+    def cancel_work(self, model: LoadedModel, work_id: int) -> None:
         self._call(p.CancelWork, model=model.handle, work_id=work_id)
 
     # The wire ---------------------------------------------------------------------------

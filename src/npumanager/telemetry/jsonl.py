@@ -14,6 +14,7 @@ from typing import IO
 
 import platformdirs
 
+from npumanager.checks import check_int
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas.limits import (
     DEFAULT_JSONL_BACKUPS,
@@ -23,7 +24,6 @@ from npumanager.schemas.limits import (
 )
 from npumanager.telemetry.events import TelemetryEvent
 from npumanager.telemetry.records import to_json_line
-from npumanager.vendor_drivers.simulated import check_int
 
 
 def default_path() -> Path:

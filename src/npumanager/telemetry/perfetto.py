@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from npumanager.checks import check_int
 from npumanager.core.events import WorkEvent
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import EndReason, StartReason, ThermalSeverity, UnloadReason
@@ -31,7 +32,6 @@ from npumanager.telemetry.events import (
     ModelLoadStateChanged,
 )
 from npumanager.telemetry.slices import Slice, SliceBuilder
-from npumanager.vendor_drivers.simulated import check_int
 
 THERMAL_TID = 1 << 20
 """The thread id of a device's thermal track, above any lane."""

@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.exposition import generate_latest
 
+from npumanager.checks import check_int
 from npumanager.core.events import NO_REASON, EventKind, WorkEvent
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import EndReason, StartReason
@@ -28,7 +29,6 @@ from npumanager.telemetry.events import (
     ModelLoadStateChanged,
     TelemetryEvent,
 )
-from npumanager.vendor_drivers.simulated import check_int
 
 _US_PER_S = 1_000_000
 

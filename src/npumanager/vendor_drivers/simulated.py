@@ -1,21 +1,23 @@
-"""The Python face shared by the two simulated drivers, `vnpu` (C) and `reference` (Python).
+"""`EngineDriver`: the Python face of a simulated device, shared by `vnpu` (C) and `reference`.
 
-It checks every argument once, here, so both engines see only valid calls and raise the
-same errors; it keeps the driver clock and moves events from the engine to the callback
-(through the debouncer) or, with no callback registered, keeps them for `take_events`.
+A simulated device is an `Engine`; the face checks every argument once, here, so every
+engine sees only valid calls and raises the same errors. It keeps the driver clock and
+moves events from the engine to the callback (through the debouncer) or, with no callback
+registered, keeps them for `take_events`. A driver for a real runtime implements the
+`Driver` protocol (`npumanager.core.driver`) itself and needs none of this.
 """
 
 from __future__ import annotations
 
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from npumanager.core.driver import DriverBase
+from npumanager.checks import GroupId, check_int, group_bytes
+from npumanager.core.driver import Driver, DriverBase
 from npumanager.core.events import WorkEvent
 from npumanager.errors import DriverClosedError, IllegalArgumentError, UnknownDeviceError
-from npumanager.schemas import EndReason, NpuUuid, SchedulingConfig
+from npumanager.schemas import EndReason, SchedulingConfig
 from npumanager.schemas.device import DeviceDescription, DeviceSpec, DeviceStatus
 from npumanager.schemas.limits import (
     DEFAULT_MAX_LIVE_WORK,
@@ -28,40 +30,6 @@ from npumanager.schemas.limits import (
     MIN_PRIORITY,
     SIMULATION_HORIZON_US,
 )
-
-GroupId = NpuUuid | uuid.UUID | bytes | str
-
-
-def check_int(name: str, value: Any, low: int, high: int) -> int:
-    """`value` if it is an int within low..high, else an `IllegalArgumentError` naming it."""
-    if type(value) is not int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise IllegalArgumentError(f"{name} must be an int; got {value!r}")
-        value = int(value)
-    number: int = value
-    if not low <= number <= high:
-        raise IllegalArgumentError(f"{name} must be within {low}..{high}; got {number}")
-    return number
-
-
-def group_bytes(group_id: GroupId | None) -> bytes | None:
-    """A group id in any accepted form, as its 16 bytes."""
-    if group_id is None:
-        return None
-    if isinstance(group_id, NpuUuid):
-        return group_id.value
-    if isinstance(group_id, uuid.UUID):
-        return group_id.bytes
-    if isinstance(group_id, bytes) and len(group_id) == 16:
-        return group_id
-    if isinstance(group_id, str):
-        try:
-            return uuid.UUID(group_id).bytes
-        except ValueError:
-            pass
-    raise IllegalArgumentError(
-        f"group_id must be an NpuUuid, a uuid.UUID, 16 bytes or a UUID string; got {group_id!r}"
-    )
 
 
 def device_specs(devices: int | Sequence[DeviceSpec | Mapping[str, Any]]) -> list[DeviceSpec]:
@@ -95,13 +63,16 @@ class Engine(ABC):
     """What a simulation engine does; the face has checked every argument already."""
 
     @abstractmethod
-    def configure(self, configs: Mapping[int, SchedulingConfig]) -> None: ...
+    def configure(self, configs: Mapping[int, SchedulingConfig]) -> None:
+        """Schedule by `configs` (the complete set, by uid) from now on."""
 
     @abstractmethod
-    def load_model(self, device: int, weight_bytes: int, sram_bytes: int) -> int: ...
+    def load_model(self, device: int, weight_bytes: int, sram_bytes: int) -> int:
+        """Account a model on `device` and return its handle; `CapacityError` if it does not fit."""
 
     @abstractmethod
-    def unload_model(self, model: int) -> None: ...
+    def unload_model(self, model: int) -> None:
+        """Free a model; its live work ends CANCELLED_SYSTEM (`UnknownModelError` if unknown)."""
 
     @abstractmethod
     def submit(
@@ -114,7 +85,8 @@ class Engine(ABC):
         group_id: bytes | None,
         feature_id: str | None,
         debug_pid: int,
-    ) -> int: ...
+    ) -> int:
+        """Queue one job on the model's device and return its work id (REQUESTED now)."""
 
     @abstractmethod
     def add_periodic(
@@ -131,38 +103,47 @@ class Engine(ABC):
         group_id: bytes | None,
         feature_id: str | None,
         debug_pid: int,
-    ) -> None: ...
+    ) -> None:
+        """Arrivals made inside the device: `burst` jobs every `period_us` from `start_us`."""
 
     @abstractmethod
-    def end_work(self, work_id: int, reason: EndReason) -> None: ...
+    def end_work(self, work_id: int, reason: EndReason) -> None:
+        """End live work now with `reason` (`UnknownWorkError` if it is not live)."""
 
     @abstractmethod
-    def add_heat(self, device: int, millicelsius: int) -> None: ...
+    def add_heat(self, device: int, millicelsius: int) -> None:
+        """Raise a device's temperature by `millicelsius` now (a thermal spike)."""
 
     @abstractmethod
-    def advance_to(self, target_us: int) -> None: ...
+    def advance_to(self, target_us: int) -> None:
+        """Perform every event point up to `target_us` and make it the device time."""
 
     @abstractmethod
-    def now_us(self) -> int: ...
+    def now_us(self) -> int:
+        """The device time, in microseconds."""
 
     @abstractmethod
-    def next_event_us(self) -> int: ...
+    def next_event_us(self) -> int:
+        """When the next event point falls (`SIMULATION_HORIZON_US` if none is pending)."""
 
     @abstractmethod
-    def idle(self) -> bool: ...
+    def idle(self) -> bool:
+        """True when no work is queued or running and no periodic arrival is pending."""
 
     @abstractmethod
-    def take_events(self) -> list[WorkEvent]: ...
+    def take_events(self) -> list[WorkEvent]:
+        """The raw events since the last call, oldest first; clears them."""
 
     @abstractmethod
-    def status(self, device: int) -> DeviceStatus: ...
+    def status(self, device: int) -> DeviceStatus:
+        """A reading of one device now."""
 
     def close(self) -> None:  # noqa: B027 - engines without resources need no close
         """Release what the engine holds."""
 
 
-class SimulatedDriver(DriverBase):
-    """A driver over a simulated device engine, in virtual time."""
+class EngineDriver(DriverBase):
+    """A `Driver` over a simulated device `Engine`; a subclass says which (`_make_engine`)."""
 
     engine: Engine
 
@@ -355,13 +336,18 @@ class SimulatedDriver(DriverBase):
         events, self._retained = self._retained, []
         return events
 
+    def idle(self) -> bool:
+        """True when no work is live and no arrival is pending: time alone changes nothing."""
+        self._open()
+        return self.engine.idle()
+
     def close(self) -> None:
         """Stop the driver; later calls raise `DriverClosedError`."""
         if not self._closed:
             self._closed = True
             self.engine.close()
 
-    def __enter__(self) -> SimulatedDriver:
+    def __enter__(self) -> EngineDriver:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -386,3 +372,14 @@ class SimulatedDriver(DriverBase):
         if feature_id is not None and not isinstance(feature_id, str):
             raise IllegalArgumentError(f"feature_id must be a str or None; got {feature_id!r}")
         return feature_id
+
+
+SimulatedDriver = EngineDriver
+"""The old name of `EngineDriver`, importable for this version."""
+
+__all__ = ["Engine", "EngineDriver", "GroupId", "SimulatedDriver", "check_int", "group_bytes"]
+
+
+def _is_a_driver(driver: EngineDriver) -> Driver:
+    """Never called: mypy checks here that an `EngineDriver` satisfies the `Driver` protocol."""
+    return driver

@@ -43,6 +43,7 @@ import onnx
 import onnxruntime as ort  # type: ignore[import-untyped,unused-ignore]
 from onnx import numpy_helper
 
+from npumanager.checks import GroupId, check_int
 from npumanager.core.events import EventKind, WorkEvent
 from npumanager.errors import IllegalArgumentError, UnknownModelError
 from npumanager.schemas import EndReason
@@ -55,13 +56,7 @@ from npumanager.schemas.device import (
 )
 from npumanager.schemas.limits import INT64_MAX, MIN_PRIORITY, SIMULATION_HORIZON_US
 from npumanager.vendor_drivers.reference.engine import ReferenceEngine
-from npumanager.vendor_drivers.simulated import (
-    Engine,
-    GroupId,
-    SimulatedDriver,
-    check_int,
-    device_specs,
-)
+from npumanager.vendor_drivers.simulated import Engine, EngineDriver, device_specs
 
 DEFAULT_CAPACITY_BYTES = 1 << 30
 DEFAULT_CHANNELS = 2
@@ -160,8 +155,8 @@ def _open_session(model: onnx.ModelProto, threads: int, runs: int) -> _Session:
     return probe
 
 
-class OnnxRuntimeDriver(SimulatedDriver):
-    """ONNX models on CPU sessions, scheduled like the reference device without preemption."""
+class OnnxRuntimeDriver(EngineDriver):
+    """ONNX models on CPU sessions, scheduled by the reference engine without preemption."""
 
     def __init__(
         self,

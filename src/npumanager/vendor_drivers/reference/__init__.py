@@ -7,10 +7,10 @@ from collections.abc import Iterable
 from npumanager.core.hookspecs import hookimpl
 from npumanager.schemas import DriverCapability, DriverRecord
 from npumanager.vendor_drivers.reference.engine import ReferenceEngine
-from npumanager.vendor_drivers.simulated import Engine, SimulatedDriver
+from npumanager.vendor_drivers.simulated import Engine, EngineDriver
 
 
-class ReferenceDriver(SimulatedDriver):
+class ReferenceDriver(EngineDriver):
     """The simulated NPU, every rule written out in Python; virtual time only."""
 
     def _make_engine(self) -> Engine:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from npumanager.checks import check_int
 from npumanager.core.hookspecs import hookimpl
 from npumanager.errors import IllegalArgumentError, NpuManagerError
 from npumanager.schemas import DriverCapability, DriverRecord
@@ -23,7 +24,7 @@ from npumanager.schemas.limits import (
     DEFAULT_MAX_LIVE_WORK,
     DEFAULT_MAX_MODELS,
 )
-from npumanager.vendor_drivers.simulated import Engine, SimulatedDriver, check_int
+from npumanager.vendor_drivers.simulated import Engine, EngineDriver
 from npumanager.vendor_drivers.vnpu._vnpu import lib
 from npumanager.vendor_drivers.vnpu.engine import VnpuEngine
 
@@ -36,7 +37,7 @@ class ClockError(NpuManagerError, RuntimeError):
     """A call that belongs to the other clock (e.g. `advance()` on the real clock)."""
 
 
-class VnpuDriver(SimulatedDriver):
+class VnpuDriver(EngineDriver):
     """The simulated NPU in C: virtual time (like `reference`) or real time with threads."""
 
     def __init__(

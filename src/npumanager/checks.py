@@ -1,0 +1,48 @@
+"""Argument checks shared by the core, the drivers, telemetry and the daemon client.
+
+A leaf module: it imports only the schemas and the errors, so anything may use it without
+depending on a driver.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from npumanager.errors import IllegalArgumentError
+from npumanager.schemas import NpuUuid
+
+GroupId = NpuUuid | uuid.UUID | bytes | str
+"""The forms a work item's group id may be given in."""
+
+
+def check_int(name: str, value: Any, low: int, high: int) -> int:
+    """`value` if it is an int within low..high, else an `IllegalArgumentError` naming it."""
+    if type(value) is not int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise IllegalArgumentError(f"{name} must be an int within {low}..{high}; got {value!r}")
+        value = int(value)
+    number: int = value
+    if not low <= number <= high:
+        raise IllegalArgumentError(f"{name} must be within {low}..{high}; got {number}")
+    return number
+
+
+def group_bytes(group_id: GroupId | None) -> bytes | None:
+    """A group id in any accepted form, as its 16 bytes."""
+    if group_id is None:
+        return None
+    if isinstance(group_id, NpuUuid):
+        return group_id.value
+    if isinstance(group_id, uuid.UUID):
+        return group_id.bytes
+    if isinstance(group_id, bytes) and len(group_id) == 16:
+        return group_id
+    if isinstance(group_id, str):
+        try:
+            return uuid.UUID(group_id).bytes
+        except ValueError:
+            pass
+    raise IllegalArgumentError(
+        f"group_id must be an NpuUuid, a uuid.UUID, 16 bytes or a UUID string; got {group_id!r}"
+    )

@@ -1,0 +1,231 @@
+"""The in-process `Backend`: what an `NpuManager` of a `Service` calls, request by request.
+
+It checks what a client may do (its feature declaration, its own requests, models and
+work, its permissions) and hands every decision to the arbiter through `Decisions`, under
+the service lock. The daemon's calls use it the same way an in-process manager does.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from npumanager.checks import GroupId
+from npumanager.core.actions import Action, RequestKey, RequestState
+from npumanager.core.callbacks import ModelLoadRequestCallback, takes_reason
+from npumanager.core.client import LoadedModel, NpuManager
+from npumanager.core.decisions import Decisions
+from npumanager.core.dispatch import DeliveryStats, ExecutorLike, SerialQueue
+from npumanager.core.requests import RequestRecord
+from npumanager.errors import (
+    FeatureNotDeclaredError,
+    FeatureWarning,
+    NpuPermissionError,
+    RequestStateError,
+)
+from npumanager.schemas import ModelLoadRequest, ModelPolicy
+from npumanager.telemetry import ModelLoadState
+
+_LOADABLE = frozenset({RequestState.GRANTED, RequestState.LOADED})
+"""States in which a request may load models: told CAN_LOAD_NOW, or reported loaded."""
+
+
+class LocalBackend:
+    """The `Backend` of a `Service`'s managers (see `core.client.Backend`)."""
+
+    def __init__(
+        self,
+        decisions: Decisions,
+        *,
+        default_executor: ExecutorLike,
+        stats: DeliveryStats,
+        feature_mode: Literal["warn", "block"],
+        management_uids: frozenset[int],
+        set_policy: Callable[[str | ModelPolicy | int, Mapping[str, Any] | None], None],
+        advance: Callable[[int], None],
+        quiescent: Callable[[], bool],
+    ) -> None:
+        self._d = decisions
+        self._default_executor = default_executor
+        self._stats = stats
+        self.feature_mode = feature_mode
+        self.management_uids = management_uids
+        self._set_policy = set_policy
+        self._advance = advance
+        self._quiescent = quiescent
+        self._warned_clients: set[int] = set()
+
+    @property
+    def clock(self) -> str:
+        """'virtual' or 'real'."""
+        return self._d.clock
+
+    @property
+    def now_ms(self) -> int:
+        """The service clock, in milliseconds."""
+        return self._d.now_ms
+
+    def quiescent(self) -> bool:
+        """Virtual time: True when nothing will change by itself."""
+        return self._quiescent()
+
+    def advance(self, ms: int) -> None:
+        """Virtual time: run forward by `ms` milliseconds."""
+        self._advance(ms)
+
+    def request_load(
+        self,
+        manager: NpuManager,
+        request: ModelLoadRequest,
+        callback: ModelLoadRequestCallback,
+        executor: ExecutorLike | None,
+        weight_bytes: int | None,
+    ) -> None:
+        """Register the manager's new request; its decisions go to `callback` on `executor`."""
+        self._check_feature(manager)
+        d = self._d
+        key = RequestKey(manager.client, request.id)
+        queue = SerialQueue(executor or self._default_executor, self._stats)
+        record = RequestRecord(manager, request, callback, queue, takes_reason(callback))
+        with d.lock:
+            d.check_open()
+            d.requests.add(key, record)
+            try:
+                actions = d.arbiter.request(
+                    d.now_ms, manager.client, manager.uid, request, weight_bytes=weight_bytes
+                )
+            except Exception:
+                d.requests.remove(key)
+                raise
+            d.telemetry.request_made(manager.uid, key, request, weight_bytes)
+            d.perform(actions)
+        d.flush()
+
+    def cancel_load(self, manager: NpuManager, request: ModelLoadRequest) -> None:
+        """Withdraw one of the manager's live requests."""
+        self._d.act(lambda now: self._d.arbiter.cancel(now, manager.client, request.id))
+
+    def notify_loaded(self, manager: NpuManager, request: ModelLoadRequest) -> None:
+        """The manager's granted request has its model in driver memory."""
+        d, key = self._d, RequestKey(manager.client, request.id)
+
+        def step(now: int) -> list[Action]:
+            actions = d.arbiter.notify_loaded(now, manager.client, request.id)
+            d.state_changed(key, ModelLoadState.LOADED)
+            return actions
+
+        d.act(step)
+
+    def notify_unloaded(self, manager: NpuManager, request: ModelLoadRequest) -> None:
+        """The manager released the request's model: its models go, the request completes."""
+        d, key = self._d, RequestKey(manager.client, request.id)
+
+        def step(now: int) -> list[Action]:
+            actions = d.arbiter.notify_unloaded(now, manager.client, request.id)
+            d.state_changed(key, ModelLoadState.UNLOADED)
+            d.unload_models(key)
+            return actions
+
+        d.act(step)
+
+    def set_policy_as(
+        self, manager: NpuManager, policy: str | ModelPolicy | int, params: Mapping[str, Any] | None
+    ) -> None:
+        """Swap the policy on the manager's behalf: its uid needs the management permission."""
+        if manager.uid not in self.management_uids:
+            raise NpuPermissionError(
+                f"uid {manager.uid} may not set the policy: it needs the management "
+                "permission (root, the system uid, or a configured management uid)"
+            )
+        self._set_policy(policy, params)
+
+    def close_client(self, manager: NpuManager) -> None:
+        """The manager leaves: as if it died (nothing to do once the service is closed)."""
+        d = self._d
+        with d.lock:
+            if d.closed:
+                return
+        d.act(lambda now: d.arbiter.client_died(now, manager.client))
+
+    def load_model(
+        self, manager: NpuManager, request: ModelLoadRequest, weight_bytes: int, sram_bytes: int
+    ) -> LoadedModel:
+        """Load a granted request's model on its device, within what its grant allows."""
+        d, key = self._d, RequestKey(manager.client, request.id)
+        with d.lock:
+            record = d.requests.live(key, request)
+            state = d.arbiter.state_of(manager.client, request.id)
+            if state not in _LOADABLE:
+                raise RequestStateError(
+                    f"request {request.id} is {state}; a model may be loaded only after "
+                    "CAN_LOAD_NOW"
+                )
+            declared = d.arbiter.declared_bytes(manager.client, request.id)
+            d.requests.check_allowance(record, declared, weight_bytes)
+            device = record.device or 0
+            handle = d.driver.load_model(device, weight_bytes=weight_bytes, sram_bytes=sram_bytes)
+            model = LoadedModel(manager, request, handle, device, weight_bytes=weight_bytes)
+            record.models.append(model)
+            d.telemetry.health_changed()
+            return model
+
+    def submit_work(
+        self,
+        model: LoadedModel,
+        cost_cycles: int,
+        job_priority: int,
+        original_uid: int | None,
+        group_id: GroupId | None,
+        feature_id: str | None,
+    ) -> int:
+        """Run one job on a loaded model (attributed to another uid only with permission)."""
+        d, manager = self._d, model.manager
+        with d.lock:
+            if (
+                original_uid is not None
+                and original_uid != manager.uid
+                and not d.arbiter.scheduling_config(manager.uid).can_attribute_other_uid
+            ):
+                raise NpuPermissionError(
+                    f"uid {manager.uid} may not attribute work to uid {original_uid}"
+                )
+            d.requests.check_model(model)
+            work_id = d.driver.submit(
+                model.handle,
+                uid=manager.uid,
+                cost_cycles=cost_cycles,
+                job_priority=job_priority,
+                original_uid=original_uid,
+                group_id=group_id,
+                feature_id=feature_id,
+                debug_pid=manager.pid or 0,
+            )
+            d.requests.work_submitted(work_id, model)
+            return work_id
+
+    def cancel_work(self, model: LoadedModel, work_id: int) -> None:
+        """Cancel live work that this model submitted."""
+        d = self._d
+        with d.lock:
+            d.requests.check_model(model)
+            d.requests.check_work(model, work_id)
+            d.driver.cancel(work_id)
+
+    def _check_feature(self, manager: NpuManager) -> None:
+        if manager.uses_feature:
+            return
+        if self.feature_mode == "block":
+            raise FeatureNotDeclaredError(
+                f"uid {manager.uid} did not declare the NPU feature; call "
+                "declare_feature() or pass uses_feature=True"
+            )
+        with self._d.lock:
+            first = manager.client not in self._warned_clients
+            self._warned_clients.add(manager.client)
+        if first:
+            warnings.warn(
+                f"uid {manager.uid} uses the NPU without declaring the feature",
+                FeatureWarning,
+                stacklevel=4,
+            )

@@ -1,0 +1,196 @@
+"""The import graph of `npumanager`: no cycles, and none of the directions design.md forbids.
+
+Every import statement counts, wherever it is: at the top, inside a function (a lazy
+import), and under `if TYPE_CHECKING:`. A typing-only import is still a dependency of the
+module's meaning, and a cycle through one is what a lazy import would hide; so a cycle
+is a cycle whichever imports make it. An import names the module it reads from: `from
+a.b import c` is an edge to `a.b.c` when that is a module and to `a.b` otherwise; the
+parent packages Python initialises on the way are not edges of their own.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import npumanager
+
+ROOT = Path(npumanager.__file__).parent
+PACKAGE = "npumanager"
+
+SERVICE = {
+    f"{PACKAGE}.core.{name}"
+    for name in (
+        "service",
+        "backend",
+        "decisions",
+        "clocks",
+        "requests",
+        "telemetry_bridge",
+        "snapshot",
+    )
+}
+"""The service and its parts."""
+DRIVER_SIDE = {
+    f"{PACKAGE}.core.{name}"
+    for name in ("driver", "events", "debounce", "scheduler", "hookspecs", "sortedlist")
+}
+"""What of the core a driver may import: the contract and what it needs."""
+LEAVES = {f"{PACKAGE}.errors", f"{PACKAGE}.checks"}
+"""Errors and leaf helpers: they import only the schemas (and a helper the errors it raises)."""
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
+
+
+def imports(name: str, path: Path, known: set[str]) -> Iterator[str]:
+    """Every module of the package this one imports, by any import statement anywhere."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == PACKAGE:
+                    yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != PACKAGE:
+                continue
+            for alias in node.names:
+                target = f"{source}.{alias.name}"
+                yield target if target in known else source
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    known = set(found)
+    return {
+        name: {target for target in imports(name, path, known) if target != name}
+        for name, path in found.items()
+    }
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(edges.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def within(name: str, *prefixes: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def forbidden(source: str, target: str) -> str | None:
+    """Why design.md's "What must never be" forbids `source` importing `target`, or None."""
+    schemas = f"{PACKAGE}.schemas"
+    drivers = f"{PACKAGE}.vendor_drivers"
+    if within(source, schemas) and not within(target, schemas):
+        return "schemas import nothing of the package but schemas"
+    if source in LEAVES and not (within(target, schemas) or target == f"{PACKAGE}.errors"):
+        return "errors and leaf helpers import only schemas"
+    decides = source == f"{PACKAGE}.core.arbiter" or within(
+        source, f"{PACKAGE}.core.policy", f"{PACKAGE}.plugins.policies"
+    )
+    if decides and (
+        target in SERVICE or within(target, drivers, f"{PACKAGE}.daemon", f"{PACKAGE}.cli")
+    ):
+        return "the arbiter and the policies import neither the service, drivers, daemon nor CLI"
+    if within(target, drivers) and not within(source, drivers):
+        oracle = within(source, f"{PACKAGE}.testing") and within(target, f"{drivers}.reference")
+        if source != PACKAGE and not oracle:
+            return "nothing outside vendor_drivers imports a driver"
+    if within(source, drivers) and not (
+        within(target, schemas, drivers) or target in LEAVES or target in DRIVER_SIDE
+    ):
+        return "a driver imports only schemas, errors, leaf helpers and the driver side of core"
+    if within(source, f"{PACKAGE}.core") and within(target, f"{PACKAGE}.daemon", f"{PACKAGE}.cli"):
+        return "the core imports neither the daemon nor the CLI"
+    return None
+
+
+def test_the_graph_sees_every_kind_of_import() -> None:
+    edges = graph()
+    assert f"{PACKAGE}.schemas.enums" in edges[f"{PACKAGE}.schemas"]  # relative
+    assert f"{PACKAGE}.core.arbiter" in edges[f"{PACKAGE}.core.service"]  # from-import
+    assert f"{PACKAGE}.errors" in edges[f"{PACKAGE}.daemon.client"]  # from package import module
+    assert f"{PACKAGE}.testing.suite" in edges[f"{PACKAGE}.testing"]  # under TYPE_CHECKING
+
+
+def test_cycles_are_found_through_lazy_and_typing_only_imports() -> None:
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(edges) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles() -> None:
+    assert cycles(graph()) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [
+        (f"{PACKAGE}.schemas.device", f"{PACKAGE}.core.events"),
+        (f"{PACKAGE}.checks", f"{PACKAGE}.core.driver"),
+        (f"{PACKAGE}.core.arbiter", f"{PACKAGE}.core.service"),
+        (f"{PACKAGE}.plugins.policies.budget", f"{PACKAGE}.vendor_drivers.vnpu"),
+        (f"{PACKAGE}.core.service", f"{PACKAGE}.vendor_drivers.simulated"),
+        (f"{PACKAGE}.vendor_drivers.vnpu", f"{PACKAGE}.core.service"),
+        (f"{PACKAGE}.vendor_drivers.vnpu", f"{PACKAGE}.telemetry.hub"),
+        (f"{PACKAGE}.core.client", f"{PACKAGE}.daemon.client"),
+    ],
+)
+def test_each_never_is_recognised(source: str, target: str) -> None:
+    assert forbidden(source, target) is not None
+
+
+def test_no_forbidden_direction() -> None:
+    broken = [
+        f"{source} -> {target}: {why}"
+        for source, targets in sorted(graph().items())
+        for target in sorted(targets)
+        if (why := forbidden(source, target)) is not None
+    ]
+    assert broken == []
