@@ -85,6 +85,8 @@ MAX_BANDS: Final = 8
 """Priority bands one device may have."""
 FAIR_WEIGHT_BASE: Final = 100
 """Fair share charges `FAIR_WEIGHT_BASE + offset in band` per microsecond run."""
+MAX_FLOOR_PERCENT: Final = 50
+"""Largest floor: a lower band never gets more than half the device by its floor."""
 MAX_FLOOR_WINDOW_US: Final = 10**12
 """Largest floor window: credits stay far inside int64."""
 
@@ -134,7 +136,7 @@ class DeviceSpec(_Spec):
     """`fair` (bands, fair share, floor) or `strict` (priority, then global FIFO)."""
     bands: tuple[Band, ...] = Field(default=DEFAULT_BANDS, strict=False, min_length=1)
     """Effective-priority bands, most important first; the first starts at 0."""
-    floor_percent: Annotated[int, Field(ge=0, le=50)] = 10
+    floor_percent: Annotated[int, Field(ge=0, le=MAX_FLOOR_PERCENT)] = 10
     """Share of the device a lower band with waiting work gets at least; 0 turns it off."""
     floor_window_us: Annotated[int, Field(ge=1, le=MAX_FLOOR_WINDOW_US)] = 100_000
     """About the window the floor is kept over: a band banks at most one window's credit."""
