@@ -1,0 +1,137 @@
+"""`core.scheduler.DeviceScheduler` driven on its own, as a real-runtime driver would,
+against the reference engine: the same starts, pauses and completions at the same times."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npumanager.core.events import EventKind
+from npumanager.core.scheduler import NEVER, DeviceScheduler, Job
+from npumanager.schemas import EndReason, SchedulingConfig, StartReason
+from npumanager.schemas.device import DeviceSpec, Scheduler, ThermalSpec
+from npumanager.vendor_drivers.reference import ReferenceDriver
+
+APPS = {10: 100, 11: 100, 12: 400, 13: 1000}
+"""Each uid's app priority: two in `focus`, one in `normal`, one in `idle`."""
+
+Trace = list[tuple[str, int, int]]
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at_us: int
+    uid: int
+    job_priority: int
+    cost_us: int
+
+
+def run_scheduler(spec: DeviceSpec, arrivals: list[Arrival]) -> Trace:
+    """A minimal dispatch loop around the scheduler, on a device doing a cycle a us."""
+    sched: DeviceScheduler[Job] = DeviceScheduler(spec)
+    left: dict[int, int] = {}
+    since: dict[int, int] = {}
+    trace: Trace = []
+    pending = list(enumerate(arrivals, start=1))
+    t = 0
+    while True:
+        due = [since[j.id] + left[j.id] for j in sched.running if j is not None]
+        t = min([*due, sched.next_pause_us(t), *(a.at_us for _, a in pending[:1])], default=NEVER)
+        if t >= NEVER:
+            return trace
+        for job in list(sched.running):
+            if job is not None and since[job.id] + left[job.id] == t:
+                sched.stop(job, t, requeue=False)
+                trace.append(("completed", job.id, t))
+        while pending and pending[0][1].at_us == t:
+            work, a = pending.pop(0)
+            left[work] = a.cost_us
+            sched.enqueue(Job(work, a.uid, APPS[a.uid] + a.job_priority), t)
+        for job in sched.victims(t):
+            left[job.id] -= t - since[job.id]
+            sched.stop(job, t, requeue=True)
+            trace.append(("paused", job.id, t))
+        for channel, occupant in enumerate(sched.running):
+            job = sched.pick(t) if occupant is None else None
+            if job is not None:
+                sched.start(job, channel, t)
+                since[job.id] = t
+                trace.append(("started", job.id, t))
+
+
+def run_reference(spec: DeviceSpec, arrivals: list[Arrival]) -> Trace:
+    """The same arrivals on the reference device (one-shot generators, so they arrive
+    inside an event point like the loop's)."""
+    driver = ReferenceDriver([spec])
+    driver.set_scheduling_configs(
+        [SchedulingConfig(uid=u, app_priority=p) for u, p in APPS.items()]
+    )
+    model = driver.load_model(0, weight_bytes=1)
+    for a in arrivals:
+        driver.add_periodic(
+            model,
+            uid=a.uid,
+            job_priority=a.job_priority,
+            cost_cycles=a.cost_us,
+            period_us=1,
+            start_us=a.at_us,
+            count=1,
+        )
+    driver.run_until_idle()
+    trace: Trace = []
+    for e in driver.take_events():
+        if e.kind == EventKind.STARTED:
+            trace.append(("started", e.id, e.time_us))
+        elif e.kind == EventKind.ENDED and e.reason == EndReason.PAUSED:
+            trace.append(("paused", e.id, e.time_us))
+        elif e.kind == EventKind.ENDED:
+            trace.append(("completed", e.id, e.time_us))
+    assert StartReason.RESUMED == 1
+    return trace
+
+
+specs = st.builds(
+    DeviceSpec,
+    channels=st.integers(1, 3),
+    clock_mhz=st.just(1),
+    slice_us=st.sampled_from([50, 100, 7]),
+    scheduler=st.sampled_from([Scheduler.FAIR, Scheduler.FAIR, Scheduler.STRICT]),
+    floor_percent=st.sampled_from([10, 0, 50]),
+    floor_window_us=st.sampled_from([100_000, 300]),
+    thermal=st.just(ThermalSpec(heat_per_busy_channel_mc=0)),
+)
+arrivals = st.lists(
+    st.builds(
+        Arrival,
+        at_us=st.integers(0, 2_000),
+        uid=st.sampled_from(sorted(APPS)),
+        job_priority=st.sampled_from([0, 0, 50, 300]),
+        cost_us=st.integers(1, 1_500),
+    ),
+    max_size=14,
+).map(lambda xs: sorted(xs, key=lambda a: a.at_us))
+
+
+@settings(max_examples=300, deadline=None)
+@given(specs, arrivals)
+def test_the_scheduler_on_its_own_matches_the_reference_device(
+    spec: DeviceSpec, jobs: list[Arrival]
+) -> None:
+    assert run_scheduler(spec, jobs) == run_reference(spec, jobs)
+
+
+def test_a_free_channel_takes_the_least_served_uid_and_the_victim_is_returned() -> None:
+    sched: DeviceScheduler[Job] = DeviceScheduler(DeviceSpec(channels=1, slice_us=100))
+    first, second, third = Job(1, 10, 100), Job(2, 10, 100), Job(3, 11, 100)
+    for job in (first, second, third):
+        sched.enqueue(job, 0)
+    assert sched.pick(0) is first
+    sched.start(first, 0, 0)
+    assert sched.next_pause_us(0) == 100
+    assert sched.victims(50) == []
+    assert sched.victims(100) == [first]  # uid 11 has used nothing yet
+    sched.stop(first, 100, requeue=True)
+    assert sched.pick(100) is third
+    assert sched.depth == 2
