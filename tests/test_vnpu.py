@@ -89,6 +89,7 @@ def test_registered_as_vnpu_with_its_capabilities() -> None:
         DriverCapability.VIRTUAL_TIME,
         DriverCapability.REAL_TIME,
         DriverCapability.MULTI_DEVICE,
+        DriverCapability.FAIR_SHARE,
     }
 
 
@@ -269,6 +270,15 @@ def test_create_refuses_bad_configurations() -> None:
         {"throttle_percent": [100, 80, 60, 40, 20, 0]},
         {"heat_per_busy_channel_mc": lib.VNPU_MAX_SPEC_MC + 1},
         {"sram_bytes": lib.VNPU_MAX_SRAM_BYTES + 1},
+        {"scheduler": 2},
+        {"nbands": lib.VNPU_MAX_BANDS + 1},
+        {"nbands": -1},
+        {"nbands": 2, "band_first": [0, 0, 0, 0, 0, 0, 0, 0]},
+        {"nbands": 1, "band_first": [5, 0, 0, 0, 0, 0, 0, 0]},
+        {"nbands": 2, "band_first": [0, 2001, 0, 0, 0, 0, 0, 0]},
+        {"floor_percent": lib.VNPU_MAX_FLOOR_PERCENT + 1},
+        {"floor_percent": 10, "floor_window_us": 0},
+        {"floor_window_us": lib.VNPU_MAX_FLOOR_WINDOW_US + 1},
     ):
         assert rc(c_spec(**bad)) == lib.VNPU_E_INVAL, bad
     assert out[0] == ffi.NULL
@@ -405,6 +415,11 @@ SPEC_FIELDS = st.fixed_dictionaries(
         "thresholds_mc": st.sampled_from([[40_000, 45_000, 50_000, 55_000, 60_000, 65_000]])
         | st.lists(I64, min_size=6, max_size=6),
         "throttle_percent": st.lists(st.integers(-1, 101) | I64, min_size=6, max_size=6),
+        "scheduler": st.integers(-1, 2) | I32,
+        "nbands": st.integers(-1, 9) | I32,
+        "band_first": st.lists(st.integers(-1, 2001) | I64, min_size=8, max_size=8),
+        "floor_percent": st.integers(-1, 51) | I64,
+        "floor_window_us": I64,
     }
 )
 
