@@ -11,8 +11,9 @@ The rules, which `vnpu/csrc/vnpu.c` implements identically:
   `DeviceSpec` says). Free channels are filled lowest-numbered first.
 * A device does its work at *event points*. At an event point at time t it does, in
   this order: (1) the thermal tick, if t is the next tick time; (2) completions due at
-  t, by channel; (3) periodic arrivals due at t, by generator; (4) pauses of marked jobs
-  whose slice boundary is t, by channel; (5) dispatch onto free channels.
+  t, by channel; (3) periodic arrivals due at t, by generator; (4) the pauses the
+  scheduler picks at t (jobs at a slice boundary), by channel; (5) dispatch onto free
+  channels.
 * A paused job (ENDED PAUSED, at a slice boundary) waits with its remaining work and
   resumes later (STARTED RESUMED).
 * Thermal tick every `tick_us` of device time while the device is busy or not at
