@@ -771,9 +771,15 @@ static int32_t fair_ranked(vnpu_handle *h, device_t *d, int32_t n, int32_t *out)
 static int32_t fair_pick(vnpu_handle *h, device_t *d, int64_t t) {
     if (d->queued == 0) return NO_SLOT;
     fold(h, d, t);
-    int32_t s = NO_SLOT;
-    fair_ranked(h, d, 1, &s);
-    fq_remove(h, &h->flowpool[h->pool[s].flow], s);
+    int32_t best = NO_SLOT;
+    for (int32_t f = d->flows; f != NO_SLOT; f = h->flowpool[f].next) {
+        flow_t *fl = &h->flowpool[f];
+        fl->sim = fl->head;
+        if (fl->sim != NO_SLOT && (best == NO_SLOT || rank_less(h, d, fl, &h->flowpool[best])))
+            best = f;
+    }
+    int32_t s = h->flowpool[best].head;
+    fq_remove(h, &h->flowpool[best], s);
     d->queued--;
     return s;
 }
@@ -805,8 +811,8 @@ static int worse(const vnpu_handle *h, const device_t *d, const work_t *a, const
 
 /* The running jobs to pause at t, by channel. */
 static int32_t fair_victims(vnpu_handle *h, device_t *d, int64_t t, int32_t *out) {
-    fold(h, d, t);
     d->checked_us = t;
+    if (d->queued == 0) return 0;
     int32_t run[VNPU_MAX_CHANNELS], picks[VNPU_MAX_CHANNELS];
     int32_t nrun = 0, any_due = 0;
     for (int32_t c = 0; c < d->nch; c++) {
@@ -814,7 +820,8 @@ static int32_t fair_victims(vnpu_handle *h, device_t *d, int64_t t, int32_t *out
         run[nrun++] = d->ch[c];
         if (due_at(d, &h->pool[d->ch[c]], t)) any_due = 1;
     }
-    if (!any_due || d->queued == 0) return 0;
+    if (!any_due) return 0;
+    fold(h, d, t); /* folding is associative: only what is compared below needs it */
     int32_t free = d->nch - nrun;
     int32_t np = fair_ranked(h, d, d->nch, picks);
     for (int32_t i = 1; i < nrun; i++) {
