@@ -163,7 +163,7 @@ def test_status_quo_grants_at_once_and_cancel_gives_cancelled() -> None:
     assert kinds(arbiter.cancel(7, BG_CLIENT, 3)) == [("complete", BG_CLIENT, 3, CANCELLED)]
     assert kinds(arbiter.set_thermal(8, 1, ThermalSeverity.CRITICAL)) == []
     assert kinds(arbiter.set_memory_pressure(8, 2)) == []
-    assert kinds(arbiter.set_capacity([10, 20], now_ms=8)) == []
+    assert kinds(arbiter.set_capacity(8, [10, 20])) == []
     assert (arbiter.thermal(0), arbiter.thermal(1)) == (ThermalSeverity.NONE, 4)
     assert (arbiter.memory_pressure, arbiter.capacities) == (2, (10, 20))
     assert kinds(arbiter.work_ended(9, BG, EndReason.COMPLETED)) == []
@@ -362,9 +362,9 @@ BAD_INPUTS: list[tuple[str, Callable[[Arbiter], object], type[Exception], str]] 
         "severity must be one of",
     ),
     ("memory level", lambda a: a.set_memory_pressure(5, 3), IllegalArgumentError, "0..2"),
-    ("no capacities", lambda a: a.set_capacity([]), IllegalArgumentError, "1..16 devices"),
-    ("negative capacity", lambda a: a.set_capacity([1, -1]), IllegalArgumentError, "device 1"),
-    ("capacity not a list", lambda a: a.set_capacity(5), IllegalArgumentError, "sequence"),
+    ("no capacities", lambda a: a.set_capacity(5, []), IllegalArgumentError, "1..16 devices"),
+    ("negative capacity", lambda a: a.set_capacity(5, [1, -1]), IllegalArgumentError, "device 1"),
+    ("capacity not a list", lambda a: a.set_capacity(5, 5), IllegalArgumentError, "sequence"),
     ("policy not a policy", lambda a: a.set_policy(5, "budget"), IllegalArgumentError, "Policy"),
     (
         "policy already in use",

@@ -303,7 +303,7 @@ class ArbiterMachine(RuleBasedStateMachine):
     def capacity(self, rare: int, capacities: list[int]) -> None:
         if rare:
             return
-        self.feed(self.arbiter.set_capacity(capacities))
+        self.feed(self.arbiter.set_capacity(self.now, capacities))
         self.mark_legacy()
 
     @rule(rare=st.integers(0, 3), name=st.sampled_from(sorted(FACTORIES)))

@@ -40,9 +40,14 @@ def state(arbiter: Arbiter) -> dict[str, Any]:
     def held(value: object) -> object:
         return copy.copy(value) if isinstance(value, list | dict | set | tuple) else value
 
+    parts = {"": arbiter, "policy.": arbiter.policy}
+    for name, value in vars(arbiter).items():
+        if type(value).__module__.startswith("npumanager.core.") and hasattr(value, "__dict__"):
+            parts[f"{name}."] = value
     return {
-        **{name: held(value) for name, value in vars(arbiter).items()},
-        **{f"policy.{name}": held(value) for name, value in vars(arbiter.policy).items()},
+        f"{prefix}{name}": held(value)
+        for prefix, part in parts.items()
+        for name, value in vars(part).items()
     }
 
 

@@ -100,11 +100,11 @@ def test_driver_capacity_replaces_the_params_and_a_shrink_asks_for_unloads() -> 
     ask(arbiter, F, 1, 2, load=True)
     ask(arbiter, V, 2, 2)
     assert arbiter.state_of(V, 2) is RequestState.NOT_PRIORITIZED
-    assert kinds(arbiter.set_capacity([2 * GIB, 4 * GIB])) == [("can_load", V, 2, CAN_LOAD_NOW)]
+    assert kinds(arbiter.set_capacity(1, [2 * GIB, 4 * GIB])) == [("can_load", V, 2, CAN_LOAD_NOW)]
     assert device_of(arbiter, V, 2) == 1
     arbiter.notify_loaded(1, V, 2)
-    assert arbiter.set_capacity([2 * GIB, 4 * GIB]) == []
-    assert kinds(arbiter.set_capacity([4 * GIB])) == [
+    assert arbiter.set_capacity(1, [2 * GIB, 4 * GIB]) == []
+    assert kinds(arbiter.set_capacity(1, [4 * GIB])) == [
         ("unload", V, 2, UnloadReason.HIGHER_PRIORITY_REQUEST)
     ]
     assert isinstance(arbiter.policy, PressurePolicy)
@@ -268,7 +268,7 @@ def test_taking_over_from_budget_counts_unplaced_models_on_device_zero() -> None
     arbiter.request(0, B, B, req(9))
     assert arbiter.state_of(B, 9) is RequestState.NOT_PRIORITIZED
     assert arbiter.set_policy(1, pressure(None)) == []
-    assert arbiter.set_capacity([5 * GIB]) == [
+    assert arbiter.set_capacity(1, [5 * GIB]) == [
         CanLoad(RequestKey(B, 9), req(9), CAN_LOAD_NOW, device=0)
     ]
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ValidationError
 
 from npumanager.core.actions import RequestKey, RequestState
+from npumanager.core.states import COMMITTED, HOLDING, PENDING, Step, allows
 from npumanager.errors import PolicyParamsError
 from npumanager.schemas import (
     ModelLoadRequest,
@@ -24,14 +25,21 @@ from npumanager.schemas import (
     UnloadReason,
 )
 
-HOLDING = frozenset(
-    {RequestState.GRANTED, RequestState.WAITING, RequestState.LOADED, RequestState.UNLOADING}
-)
-"""States whose weight counts against a budget: granted or chosen, until the request ends."""
-COMMITTED = frozenset({RequestState.GRANTED, RequestState.LOADED, RequestState.UNLOADING})
-"""States whose model may be in device memory now."""
-PENDING = frozenset({RequestState.WAITING, RequestState.NOT_PRIORITIZED})
-"""States of a request that wants to load and may not yet."""
+__all__ = [
+    "COMMITTED",
+    "HOLDING",
+    "PENDING",
+    "POLICY_NAMES",
+    "Entry",
+    "Policy",
+    "PolicyContext",
+    "Rank",
+    "build_policy",
+    "describe_params",
+    "make_room",
+    "policy_name",
+    "validate_params",
+]
 
 Rank = tuple[int, int, int]
 """How a uid ranks, most important first: (priority, last completion ms, uid)."""
@@ -232,7 +240,7 @@ def make_room(
     """
     must_wait = False
     for other in victims:
-        if other.state is RequestState.LOADED:
+        if allows(other.state, Step.ASK_UNLOAD):
             ctx.ask_unload(other, UnloadReason.HIGHER_PRIORITY_REQUEST)
             must_wait = True
         elif other.state is RequestState.UNLOADING:

@@ -125,7 +125,7 @@ class Service:
             self.add_sink(sink)
         with self._lock:
             capacities = [d.weight_memory_bytes for d in self.driver.describe_devices()]
-            self._decisions.perform(self.arbiter.set_capacity(capacities, now_ms=self.now_ms))
+            self._decisions.perform(self.arbiter.set_capacity(self.now_ms, capacities))
             self._decisions.perform(self.arbiter.connect_driver())
             self._decisions.sample_devices()
         if clock == "real":
