@@ -8,6 +8,7 @@ dropped connection is freed at once, with no reference cycle to wait for.
 
 from __future__ import annotations
 
+import selectors
 import socket
 import weakref
 from typing import Any, Protocol
@@ -56,7 +57,10 @@ class Connection:
         self.requests: dict[int, ModelLoadRequest] = {}
         self.models: dict[int, LoadedModel] = {}
         self.closed = False
-        self.writing = False
+        self.events = selectors.EVENT_READ
+        """What the loop's selector watches the socket for."""
+        self.paused = False
+        """Unread replies passed `OUTBOX_PAUSE_BYTES`: nothing is read until it drains."""
         self.last_active = now
         self.callback = RemoteCallback(self)
 

@@ -8,9 +8,10 @@ credentials of its socket. When its connection closes, however it died, its requ
 at once (its loaded work is cancelled, the policy re-evaluates).
 
 No client can stop the loop or starve the others: whatever a connection's frames raise
-ends at that connection; each connection gets `FRAMES_PER_TURN` frames a turn; per-uid
-caps bound what one uid holds; a daemon-wide budget bounds the bytes buffered for all
-clients, dropping the connection that buffers the most when it is exceeded.
+ends at that connection; each connection gets a slice of each turn, and none while it
+leaves its replies unread; per-uid caps bound what one uid holds; a daemon-wide budget
+bounds the bytes buffered for all clients, dropping the connection that buffers the most
+when it is exceeded.
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ from npumanager.schemas.limits import (
     INT32_MAX,
     MANAGEMENT_RESERVE_FDS,
     MAX_OUTBOX_BYTES,
+    OUTBOX_PAUSE_BYTES,
     PROTOCOL_VERSION,
     SHUTDOWN_FLUSH_S,
+    TURN_SLICE_S,
 )
 
 log = logging.getLogger(__name__)
@@ -60,7 +63,9 @@ _OWN_FDS = 16
 """Descriptors the daemon needs for itself (selector, wake pipe, lock, logs, driver)."""
 _IDLE_SCAN_S = 1.0
 _TRIM_AFTER_BYTES = 1 << 20
-"""Freed client buffers past this many bytes are handed back to the system at once."""
+"""Freed client buffers past this many bytes are handed back to the system soon after."""
+_TRIM_DELAY_S = 0.2
+"""Handing memory back walks the heap: at most once in this long, however many are freed."""
 _CALL_ERRORS = (NpuManagerError, TypeError, ValueError, LookupError, PermissionError)
 
 
@@ -102,6 +107,7 @@ class Daemon:
         self._accept_resume_at: float | None = None
         self._next_idle_scan = 0.0
         self._freed = 0
+        self._trim_at: float | None = None
         self._log = RateLimitedLog(log)
         self.calls = Calls(service, self.post, management_group)
         self._info = InfoCache(self.describe)
@@ -176,9 +182,8 @@ class Daemon:
         self._run_ready()
         while self.dirty:
             self._write(self.dirty.pop())
-        if self._freed >= _TRIM_AFTER_BYTES:
-            self._freed = 0
-            give_back_memory()
+        if self._freed >= _TRIM_AFTER_BYTES and self._trim_at is None:
+            self._trim_at = time.monotonic() + _TRIM_DELAY_S
 
     def _timeout(self) -> float | None:
         """How long the loop may sleep: until accepting resumes or a hello is overdue."""
@@ -187,9 +192,15 @@ class Daemon:
             times.append(next(iter(self._awaiting_hello.values())))
         if self.limits.idle_timeout_s > 0 and self._connections:
             times.append(self._next_idle_scan)
+        if self._trim_at is not None:
+            times.append(self._trim_at)
         return max(0.0, min(times) - time.monotonic()) if times else None
 
     def _on_time(self, now: float) -> None:
+        if self._trim_at is not None and now >= self._trim_at:
+            self._trim_at = None
+            self._freed = 0
+            give_back_memory()
         if self._accept_resume_at is not None and now >= self._accept_resume_at:
             self._resume_accepting()
         waiting = self._awaiting_hello
@@ -329,8 +340,8 @@ class Daemon:
             self.drop(connection)
 
     def _read(self, connection: Connection) -> None:
-        if connection in self._backlog:
-            return  # it has frames waiting its turn: read no more until they are handled
+        if connection in self._backlog or connection.paused:
+            return  # it has frames waiting their turn: read no more until they are handled
         try:
             data = connection.sock.recv(_RECV_BYTES)
         except (BlockingIOError, InterruptedError):
@@ -347,12 +358,21 @@ class Daemon:
         self._keep_budget()
 
     def _handle_frames(self, connection: Connection) -> None:
-        """Handle up to `FRAMES_PER_TURN` of the connection's frames; the rest wait a turn."""
+        """Handle the connection's frames for one slice of the loop; the rest wait a turn.
+
+        A slice ends after `FRAMES_PER_TURN` frames or `TURN_SLICE_S`, so one client's
+        pipeline cannot hold up the others; a client that leaves `OUTBOX_PAUSE_BYTES`
+        unread gets nothing more handled until it reads.
+        """
         self._backlog.discard(connection)
         reader = connection.reader
+        ends = time.perf_counter() + TURN_SLICE_S
         try:
             for _ in range(FRAMES_PER_TURN):
                 if connection.closed:
+                    return
+                if len(connection.outbox) >= OUTBOX_PAUSE_BYTES:
+                    self._pause(connection)
                     return
                 before = reader.pending
                 body = reader.pop()
@@ -360,10 +380,19 @@ class Daemon:
                     return
                 self.buffered -= before - reader.pending
                 self._frame(connection, body)
+                if time.perf_counter() >= ends:
+                    break
             if not connection.closed:
                 self._backlog.add(connection)
         except p.ProtocolError as exc:
             self._fatal(connection, str(exc))
+
+    def _pause(self, connection: Connection) -> None:
+        """Stop reading a client that does not read; `_write` resumes it once it drains."""
+        if not connection.paused:
+            connection.paused = True
+            self.stats.backpressure_pauses += 1
+            self.dirty.add(connection)
 
     def _serve_backlog(self) -> None:
         for connection in list(self._backlog):
@@ -388,10 +417,14 @@ class Daemon:
         except OSError:
             self.drop(connection)
             return
-        wants_write = bool(outbox)
-        if wants_write != connection.writing:
-            connection.writing = wants_write
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if wants_write else 0)
+        if connection.paused and len(outbox) < OUTBOX_PAUSE_BYTES // 2:
+            connection.paused = False
+            self._backlog.add(connection)  # frames it sent meanwhile are still buffered
+        events = (0 if connection.paused else selectors.EVENT_READ) | (
+            selectors.EVENT_WRITE if outbox else 0
+        )
+        if events != connection.events:
+            connection.events = events
             self._selector.modify(connection.sock, events, self._io)
 
     # Frames -----------------------------------------------------------------------------
@@ -506,6 +539,7 @@ class Daemon:
             "buffered_bytes": self.buffered,
             "limits": vars(self.limits),
             "suppressed_log_lines": self._log.suppressed,
+            "info_snapshots": self._info.renewals,
             **self.stats.as_dict(),
         }
         document["clients"] = [

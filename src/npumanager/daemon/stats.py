@@ -19,6 +19,7 @@ class DaemonStats:
         self.call_errors = 0
         self.internal_errors = 0
         self.dropped_slow = 0
+        self.backpressure_pauses = 0
         self.dropped_over_budget = 0
         self.closed_idle = 0
         self.deaths = 0

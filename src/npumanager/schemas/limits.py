@@ -129,6 +129,7 @@ def grant_allowance_bytes(size_class: int, declared_bytes: int | None) -> int:
         return declared_bytes
     return GRANT_ALLOWANCE_BYTES[size_class]
 
+
 UID_MAX: Final = 2**32 - 2
 """The largest uid or gid Linux gives a process ((uid_t)-1 means "no uid")."""
 DEFAULT_MAX_CONNECTIONS_PER_UID: Final = 64
@@ -146,6 +147,10 @@ MANAGEMENT_RESERVE_FDS: Final = 32
 """Descriptors the daemon keeps free for management connections when it is full."""
 FRAMES_PER_TURN: Final = 32
 """Frames the daemon handles for one connection before it serves the others."""
+TURN_SLICE_S: Final = 0.00005
+"""Time the daemon spends on one connection's frames before it serves the others."""
+OUTBOX_PAUSE_BYTES: Final = 256 << 10
+"""A client with this much unread is not served more until it reads (backpressure)."""
 INFO_SNAPSHOT_TTL_S: Final = 0.25
 """`info` is answered from a snapshot at most this old (any state-changing call renews it)."""
 DEFAULT_INFO_LIMIT: Final = 100
