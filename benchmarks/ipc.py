@@ -14,6 +14,9 @@
 Rounds alternate echo and rpc so both see the same machine; figures are medians over
 rounds of per-round percentiles.
 
+* idle flood: the raw round trip while another uid holds 1,000 connections that said
+  hello and say nothing, against raw rounds on the same daemon without them (target:
+  p99 within 2x).
 * death: under turn taking, a holder process is killed with SIGKILL while this process
   waits; the time from the kill until this process's `on_can_load_model(CAN_LOAD_NOW)`
   (target: within 100 ms).
@@ -259,10 +262,58 @@ def latency_rounds(tmp: str, samples: int, rounds: int) -> dict[str, list[tuple[
     return rows
 
 
+_IDLE_FLOOD = """
+import os, socket, sys
+from npumanager.daemon import protocol as wire
+if os.geteuid() == 0:
+    os.setgroups([20000]); os.setgid(20021); os.setuid(20021)
+held = []
+for _ in range(1000):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(sys.argv[1]); sock.sendall(wire.encode(wire.HELLO)); sock.recv(65536)
+    held.append(sock)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def idle_flood_rounds(tmp: str, samples: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """(p50, p99) of raw rounds without and with 1,000 idle connections of another uid."""
+    path = Path(tmp) / "flood.sock"
+    daemon = _serve(path, "--socket-group", "20000", "--max-connections-per-uid", "1100")
+    os.chmod(tmp, 0o755)
+    rows: dict[str, list[tuple[float, float]]] = {"raw_quiet": [], "raw_idle_flood": []}
+    try:
+        raw = _raw_client(path)
+        next_id = 0
+        for _ in range(rounds):
+            for name, figures in rows.items():
+                flood = None
+                if name == "raw_idle_flood":
+                    flood = subprocess.Popen(
+                        [sys.executable, "-c", _IDLE_FLOOD, str(path)],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
+                    assert flood.stdout is not None and flood.stdout.readline() == "ready\n"
+                times = raw_round(raw, samples, next_id)
+                next_id += samples
+                figures.append((_percentile(times, 0.5), _percentile(times, 0.99)))
+                if flood is not None:
+                    flood.communicate("", timeout=30)
+        raw.close()
+    finally:
+        daemon.terminate()
+        daemon.wait(10)
+    return rows
+
+
 def measure(samples: int, rounds: int, trials: int) -> dict[str, Any]:
     """Latency rounds, then the death trials; medians of the per-round p50 and p99."""
     with tempfile.TemporaryDirectory() as tmp:
         rows = latency_rounds(tmp, samples, rounds)
+        rows |= idle_flood_rounds(tmp, samples, rounds)
         turn_path = Path(tmp) / "turn.sock"
         daemon = _serve(turn_path, "--policy", "turn_taking")
         try:
@@ -287,6 +338,10 @@ def measure(samples: int, rounds: int, trials: int) -> dict[str, Any]:
         "raw_protocol_p50_us": med("raw", 0),
         "raw_protocol_p99_us": med("raw", 1),
     }
+    result["raw_idle_flood_p50_us"] = med("raw_idle_flood", 0)
+    result["raw_idle_flood_p99_us"] = med("raw_idle_flood", 1)
+    result["idle_flood_p99_ratio"] = round(result["raw_idle_flood_p99_us"] / med("raw_quiet", 1), 2)
+    result["idle_flood_target_met"] = result["idle_flood_p99_ratio"] <= 2.0
     result["p50_ratio"] = round(result["rpc_p50_us"] / result["echo_p50_us"], 2)
     result["p99_ratio"] = round(result["rpc_p99_us"] / result["echo_p99_us"], 2)
     result["p50_target_met"] = result["p50_ratio"] <= 2.5

@@ -61,7 +61,22 @@ def _request(body: dict[str, Any]) -> npu.ModelLoadRequest:
     )
 
 
+def run_on_models(app: App, command: dict[str, Any]) -> tuple[bool, Any]:
+    """The commands that act on loaded models beyond the first: (handled, result)."""
+    op = command["op"]
+    if op == "load_more":
+        model = app.manager.load_model(_request(command), weight_bytes=command["weight_bytes"])
+        return True, {"model": model.handle, "device": model.device}
+    if op == "cancel_work":
+        app.models[command["id"]].cancel(command["work_id"])
+        return True, None
+    return False, None
+
+
 def run(app: App, client: npu.DaemonClient, command: dict[str, Any]) -> Any:
+    handled, result = run_on_models(app, command)
+    if handled:
+        return result
     manager = app.manager
     op = command["op"]
     if op == "request":

@@ -44,13 +44,20 @@ def serve_command(socket_path: Path, *args: str) -> list[str]:
 class DaemonProcess:
     """`npu-manager serve` as a subprocess, its stderr kept in a file."""
 
-    def __init__(self, directory: Path, *args: str, name: str = "npu.sock") -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *args: str,
+        name: str = "npu.sock",
+        nofile: tuple[int, int] | None = None,
+    ) -> None:
         self.socket = directory / name
         self.log_path = directory / f"{name}.log"
         self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            serve_command(self.socket, *args), stderr=self._log, stdout=subprocess.DEVNULL
-        )
+        command = serve_command(self.socket, *args)
+        if nofile is not None:
+            command = ["prlimit", f"--nofile={nofile[0]}:{nofile[1]}", *command]
+        self.process = subprocess.Popen(command, stderr=self._log, stdout=subprocess.DEVNULL)
         self.wait_ready()
 
     def wait_ready(self, timeout: float = 30) -> None:
@@ -78,6 +85,9 @@ class DaemonProcess:
         code = self.process.wait(timeout)
         self._log.close()
         return code
+
+    def open_descriptors(self) -> int:
+        return len(os.listdir(f"/proc/{self.process.pid}/fd"))
 
     def rss_kib(self) -> int:
         for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():

@@ -233,6 +233,9 @@ def test_a_connection_acts_only_on_its_own_requests(start: Callable[..., DaemonP
     reply = other.send("submit_to", id=7, model=model)
     assert reply["error"] == "UnknownModelError", reply
     info = other.ok("info")
+    assert info["request_counts"]["loaded"] == 1, "still loaded; the other uid sees its count"
+    assert info["requests"]["loaded"] == [], "but not another uid's details"
+    info = owner.ok("info")
     assert [(r["uid"], r["id"]) for r in info["requests"]["loaded"]] == [(BACKGROUND_UID, 7)]
 
 

@@ -81,3 +81,7 @@ class DaemonUnavailableError(NpuManagerError, ConnectionError):
 
 class DaemonError(NpuManagerError):
     """The daemon refused a frame or failed a call for a reason no other error names."""
+
+
+class QuotaExceededError(NpuManagerError, PermissionError):
+    """A daemon client is at one of its uid's limits (connections, requests, models)."""

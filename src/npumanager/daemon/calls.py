@@ -19,7 +19,8 @@ from npumanager.daemon.peer import PeerCredentials
 from npumanager.errors import NpuPermissionError, UnknownModelError, UnknownRequestError
 from npumanager.schemas import ModelLoadRequest
 
-Handler = Callable[[Connection, Any], dict[str, Any] | None]
+Handler = Callable[[Connection, Any], dict[str, Any] | bytes | None]
+"""A call's handler: its result as a dict, as JSON already encoded, or None."""
 
 
 class Calls:
@@ -60,11 +61,12 @@ class Calls:
         if message.uses_feature:
             manager.declare_feature()
         request = message.request
+        connection.check_quota("requests")
         manager.request_can_load_model(
             request, connection.callback, self._post, weight_bytes=message.weight_bytes
         )
         # Deliveries are posted to this thread, so the request is known before any arrives.
-        connection.requests[request.id] = request
+        connection.add_request(request)
 
     def on_cancel(self, connection: Connection, message: p.CancelLoad) -> None:
         self._manager_of(connection).cancel_model_load(self._live(connection, message.request_id))
@@ -79,10 +81,11 @@ class Calls:
 
     def on_load_model(self, connection: Connection, message: p.LoadModel) -> dict[str, Any]:
         request = self._live(connection, message.request_id)
+        connection.check_quota("models")
         model = self._manager_of(connection).load_model(
             request, weight_bytes=message.weight_bytes, sram_bytes=message.sram_bytes
         )
-        connection.models[model.handle] = model
+        connection.add_model(model)
         return {"model": model.handle, "device": model.device}
 
     def _model(self, connection: Connection, handle: int) -> LoadedModel:

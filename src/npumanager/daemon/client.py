@@ -41,7 +41,7 @@ from npumanager.schemas import (
     NpuUuid,
     UnloadReason,
 )
-from npumanager.schemas.limits import PROTOCOL_VERSION
+from npumanager.schemas.limits import DEFAULT_INFO_LIMIT, PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +159,13 @@ class DaemonClient:
         """This connection's `NpuManager` (the same object every time)."""
         return self._manager
 
-    def info(self) -> dict[str, Any]:
-        """The daemon's state: policy, priorities, requests by state, devices, clients."""
-        return self._call(p.Info) or {}
+    def info(self, *, offset: int = 0, limit: int = DEFAULT_INFO_LIMIT) -> dict[str, Any]:
+        """The daemon's state: policy, priorities, requests by state, devices, clients.
+
+        Each list holds at most `limit` entries from `offset` on (counts are whole); without
+        the management permission, only this uid's entries are listed.
+        """
+        return self._call(p.Info, offset=offset, limit=limit) or {}
 
     def set_policy(
         self, policy: str | ModelPolicy | int, params: Mapping[str, Any] | None = None

@@ -1,104 +1,60 @@
-"""The daemon's command-line verbs: `serve`, and `info`, `set-policy`, `set-importance`,
+"""The daemon's command-line verbs against a running daemon: `info`, `set-policy`, `set-importance`,
 `set-access` against a running daemon (after the platform's shell commands)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
-import signal
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any
 
+from npumanager.daemon.options import (
+    Add,
+    CommandContext,
+    budget_options,
+    client,
+    json_option,
+    policy_params,
+    socket_option,
+)
+from npumanager.daemon.serve import add_serve
 from npumanager.errors import NpuManagerError
 from npumanager.schemas import Importance
-from npumanager.schemas.limits import DEFAULT_UNLOAD_GRACE_MS, MAX_PRIORITY, MIN_PRIORITY
+from npumanager.schemas.limits import (
+    DEFAULT_INFO_LIMIT,
+    INT32_MAX,
+    MAX_INFO_LIMIT,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+)
 from npumanager.tables import format_table
-
-log = logging.getLogger("npumanager.daemon")
-
-_LOG_FORMAT = "%(asctime)s npu-manager[%(process)d] %(levelname)s %(name)s: %(message)s"
-
-
-class CommandContext(Protocol):
-    """What the CLI hands every command."""
-
-    args: argparse.Namespace
-    out: TextIO
-    err: TextIO
-
-    @property
-    def registry(self) -> Any: ...
-
-
-Add = Callable[[str, Callable[[Any], int], str], argparse.ArgumentParser]
 
 
 def register(add: Add) -> None:
     """Add the daemon's subcommands to the CLI's parser."""
-    serve = add("serve", cmd_serve, "run the arbiter as a daemon on a Unix socket (foreground)")
-    _socket_option(serve)
-    serve.add_argument("--driver", default="vnpu", help="the driver to serve (default: vnpu)")
-    serve.add_argument(
-        "--policy", default="status_quo", help="the model-loading policy (default: status_quo)"
-    )
-    _budget_options(serve)
-    serve.add_argument(
-        "--devices", type=int, default=1, metavar="N", help="devices of a simulated driver"
-    )
-    serve.add_argument(
-        "--socket-group",
-        metavar="GROUP",
-        help="group that owns the socket; its members may connect (mode 0660)",
-    )
-    serve.add_argument(
-        "--management-group",
-        metavar="GROUP",
-        help="group whose members may set the policy, importances and access, as root may",
-    )
-    serve.add_argument(
-        "--attribution-uid",
-        type=int,
-        action="append",
-        default=[],
-        metavar="UID",
-        help="a uid allowed to attribute work to other uids (repeatable)",
-    )
-    serve.add_argument(
-        "--unload-grace-ms",
-        type=int,
-        default=DEFAULT_UNLOAD_GRACE_MS,
-        metavar="MS",
-        help=f"how long a client asked to unload may take (default {DEFAULT_UNLOAD_GRACE_MS})",
-    )
-    serve.add_argument(
-        "--sink",
-        action="append",
-        default=[],
-        metavar="NAME[:KEY=VALUE,...]",
-        help="send telemetry to a sink, e.g. prometheus:port=9464 or "
-        "jsonl:path=/var/log/npu.jsonl,debounce_duration_ms=50 (repeatable)",
-    )
-    serve.add_argument(
-        "--log-level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
-        help="what the daemon logs to stderr (default: info)",
-    )
+    add_serve(add)
 
     info = add("info", cmd_info, "show a running daemon's policy, priorities, requests, devices")
-    _socket_option(info)
-    _json_option(info)
+    info.add_argument(
+        "--limit",
+        type=int,
+        default=DEFAULT_INFO_LIMIT,
+        metavar="N",
+        help=f"list at most N entries of each list (0..{MAX_INFO_LIMIT}; default "
+        f"{DEFAULT_INFO_LIMIT}); counts are always whole",
+    )
+    info.add_argument(
+        "--offset", type=int, default=0, metavar="K", help="skip the first K entries of each list"
+    )
+    socket_option(info)
+    json_option(info)
 
     policy = add("set-policy", cmd_set_policy, "swap a running daemon's model-loading policy")
     policy.add_argument(
         "policy", metavar="POLICY", help="status-quo, turn-taking, budget, or another installed one"
     )
-    _budget_options(policy)
-    _socket_option(policy)
-    _json_option(policy)
+    budget_options(policy)
+    socket_option(policy)
+    json_option(policy)
 
     importance = add("set-importance", cmd_set_importance, "set the importance of a uid")
     importance.add_argument("uid", type=int, metavar="UID")
@@ -107,8 +63,8 @@ def register(add: Add) -> None:
         metavar="IMPORTANCE",
         help=f"{', '.join(i.name for i in Importance)}, or a number {MIN_PRIORITY}..{MAX_PRIORITY}",
     )
-    _socket_option(importance)
-    _json_option(importance)
+    socket_option(importance)
+    json_option(importance)
 
     access = add("set-access", cmd_set_access, "allow or deny a uid direct access or attribution")
     access.add_argument("uid", type=int, metavar="UID")
@@ -124,132 +80,8 @@ def register(add: Add) -> None:
         default=None,
         help="whether the uid may attribute work to another uid",
     )
-    _socket_option(access)
-    _json_option(access)
-
-
-def _socket_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--socket",
-        type=Path,
-        metavar="PATH",
-        help="the daemon's socket (default: $NPUMANAGER_SOCKET or the per-user runtime socket)",
-    )
-
-
-def _json_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-
-
-def _budget_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--max-budget", type=int, metavar="N", help="budget policy: the total weight admitted"
-    )
-    parser.add_argument(
-        "--weights",
-        metavar="W1,W2,W4",
-        help="budget policy: the weight of each size class, smallest first (e.g. 1,2,4)",
-    )
-
-
-def _policy_params(policy: str, args: argparse.Namespace) -> dict[str, Any] | None:
-    params: dict[str, Any] = {}
-    if args.max_budget is not None:
-        params["max_budget"] = args.max_budget
-    if args.weights is not None:
-        try:
-            params["weights"] = [int(w) for w in args.weights.split(",")]
-        except ValueError:
-            raise NpuManagerError(
-                f"--weights must be comma-separated ints, e.g. 1,2,4; got {args.weights!r}"
-            ) from None
-    if params and policy.replace("-", "_") != "budget":
-        raise NpuManagerError(
-            f"--max-budget and --weights apply to the budget policy only, not {policy!r}"
-        )
-    return params or None
-
-
-def parse_sink(spec: str) -> tuple[str, dict[str, Any]]:
-    """`NAME[:KEY=VALUE,...]` as the sink name and its options (digits become ints)."""
-    name, _, rest = spec.partition(":")
-    options: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
-        key, equals, value = item.partition("=")
-        if not equals or not key:
-            raise NpuManagerError(
-                f"--sink {spec!r}: options are KEY=VALUE separated by commas; got {item!r}"
-            )
-        options[key] = int(value) if value.lstrip("-").isdigit() else value
-    if not name:
-        raise NpuManagerError(f"--sink {spec!r}: name a sink first, e.g. prometheus:port=9464")
-    return name, options
-
-
-def _client(args: argparse.Namespace) -> Any:
-    from npumanager.daemon.client import DaemonClient
-
-    return DaemonClient(args.socket)
-
-
-# serve ----------------------------------------------------------------------------------
-
-
-def cmd_serve(ctx: CommandContext) -> int:
-    """Serve one arbiter on the socket until SIGTERM or SIGINT."""
-    from npumanager.core.service import Service
-    from npumanager.daemon.peer import default_socket_path, group_id
-    from npumanager.daemon.server import Daemon
-
-    args = ctx.args
-    logging.basicConfig(stream=ctx.err, level=args.log_level.upper(), format=_LOG_FORMAT)
-    logging.captureWarnings(True)
-    path = args.socket or default_socket_path()
-    socket_group = group_id(args.socket_group) if args.socket_group else None
-    management_group = group_id(args.management_group) if args.management_group else None
-    service = Service(
-        args.driver,
-        args.policy,
-        policy_params=_policy_params(args.policy, args),
-        clock="real",
-        devices=args.devices,
-        attribution_uids=args.attribution_uid,
-        unload_grace_ms=args.unload_grace_ms,
-        registry=ctx.registry,
-    )
-    try:
-        for spec in args.sink:
-            name, options = parse_sink(spec)
-            service.add_sink(name, **options)
-    except BaseException:
-        service.close()
-        raise
-    daemon = Daemon(service, path, socket_group=socket_group, management_group=management_group)
-    try:
-        daemon.bind()
-    except OSError as exc:
-        service.close()
-        raise NpuManagerError(f"cannot serve on {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        service.close()
-        raise
-
-    def stop(signum: int, _frame: Any) -> None:
-        log.info("%s: shutting down", signal.Signals(signum).name)
-        daemon.stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    log.info(
-        "serving on %s: driver %s, policy %s, pid %d",
-        path,
-        args.driver,
-        service.policy_name,
-        os.getpid(),
-    )
-    daemon.serve_forever()
-    log.info("stopped; every live request was completed and %s removed", path)
-    return 0
+    socket_option(access)
+    json_option(access)
 
 
 # Verbs against a running daemon -----------------------------------------------------------
@@ -257,8 +89,13 @@ def cmd_serve(ctx: CommandContext) -> int:
 
 def cmd_info(ctx: CommandContext) -> int:
     """Print the daemon's state."""
-    with _client(ctx.args) as client:
-        document = client.info()
+    args = ctx.args
+    if not 0 <= args.limit <= MAX_INFO_LIMIT:
+        raise NpuManagerError(f"--limit must be 0..{MAX_INFO_LIMIT}; got {args.limit}")
+    if not 0 <= args.offset <= INT32_MAX:
+        raise NpuManagerError(f"--offset must be 0 or more; got {args.offset}")
+    with client(args) as daemon:
+        document = daemon.info(offset=args.offset, limit=args.limit)
     if ctx.args.json:
         json.dump(document, ctx.out, indent=2)
         ctx.out.write("\n")
@@ -310,6 +147,7 @@ def render_info(document: dict[str, Any]) -> str:
     ]
     headers = ["STATE", "CLIENT", "UID", "ID", "SIZE", "PRIORITY", "WEIGHT", "DEVICE"]
     lines.append(format_table(rows, headers) if rows else "(none)")
+    lines.extend(_paging_note(document, len(rows)))
     lines += ["", "devices:"]
     lines.append(
         format_table(
@@ -340,6 +178,21 @@ def render_info(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _paging_note(document: dict[str, Any], shown: int) -> list[str]:
+    """A line saying how many requests there are in all, when the list shows fewer."""
+    counts: dict[str, int] = document.get("request_counts", {})
+    total = sum(counts.values())
+    if total <= shown:
+        return []
+    by_state = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+    page = document.get("page", {})
+    scope = "" if page.get("scope") != "own" else " (this uid's are listed)"
+    return [
+        f"{total} live requests in all: {by_state}{scope}; "
+        "--limit N and --offset K page through them"
+    ]
+
+
 def _yes(value: bool) -> str:
     return "yes" if value else "no"
 
@@ -347,9 +200,9 @@ def _yes(value: bool) -> str:
 def cmd_set_policy(ctx: CommandContext) -> int:
     """Swap the policy of a running daemon."""
     args = ctx.args
-    params = _policy_params(args.policy, args)
-    with _client(args) as client:
-        name = client.set_policy(args.policy, params)
+    params = policy_params(args.policy, args)
+    with client(args) as daemon:
+        name = daemon.set_policy(args.policy, params)
     return _done(ctx, {"policy": name, "params": params or {}}, f"policy is now {name}")
 
 
@@ -357,8 +210,8 @@ def cmd_set_importance(ctx: CommandContext) -> int:
     """Set one uid's importance on a running daemon."""
     args = ctx.args
     importance = parse_importance(args.importance)
-    with _client(args) as client:
-        client.set_uid_importance(args.uid, importance)
+    with client(args) as daemon:
+        daemon.set_uid_importance(args.uid, importance)
     return _done(
         ctx,
         {"uid": args.uid, "importance": importance},
@@ -374,8 +227,8 @@ def cmd_set_access(ctx: CommandContext) -> int:
             "say what to change: --direct-access/--no-direct-access or "
             "--attribute-other-uid/--no-attribute-other-uid"
         )
-    with _client(args) as client:
-        client.set_uid_access(
+    with client(args) as daemon:
+        daemon.set_uid_access(
             args.uid,
             has_direct_access=args.direct_access,
             can_attribute_other_uid=args.attribute_other_uid,

@@ -1,47 +1,78 @@
 """One client of the daemon: its socket, the kernel's word on who it is, what it holds.
 
 Frames for it queue in its outbox and leave at the end of the loop's turn; its requests'
-callbacks become frames (`RemoteCallback`).
+callbacks become frames (`RemoteCallback`). A connection knows nothing of the daemon but
+the `Outlet` it reports queued bytes to, and its callback holds it only weakly, so a
+dropped connection is freed at once, with no reference cycle to wait for.
 """
 
 from __future__ import annotations
 
-import logging
+import selectors
 import socket
-from typing import TYPE_CHECKING, Any
+import weakref
+from typing import Any, Protocol
 
 from npumanager.core.client import LoadedModel, ModelLoadRequestCallback, NpuManager
 from npumanager.daemon import protocol as p
 from npumanager.daemon.peer import PeerCredentials
+from npumanager.daemon.quotas import Resource, UidUsage
 from npumanager.schemas import (
     ModelLoadRequest,
     ModelLoadRequestStatus,
     ModelLoadStatus,
     UnloadReason,
 )
-from npumanager.schemas.limits import MAX_OUTBOX_BYTES
 
-if TYPE_CHECKING:
-    from npumanager.daemon.server import Daemon
 
-log = logging.getLogger(__name__)
+class Outlet(Protocol):
+    """Where a connection reports what it queued: the daemon's loop."""
+
+    def queued(self, connection: Connection, nbytes: int) -> None:
+        """`nbytes` more wait in the connection's outbox."""
 
 
 class Connection:
     """One client: its socket, the kernel's word on who it is, and what it holds."""
 
-    def __init__(self, daemon: Daemon, sock: socket.socket, peer: PeerCredentials) -> None:
-        self.daemon = daemon
+    def __init__(
+        self,
+        outlet: Outlet,
+        sock: socket.socket,
+        peer: PeerCredentials,
+        *,
+        usage: UidUsage,
+        management: bool,
+        now: float,
+    ) -> None:
+        self._outlet = outlet
         self.sock = sock
+        self.fd = sock.fileno()
         self.peer = peer
+        self.management = management
+        self.usage = usage
         self.reader = p.FrameReader()
         self.outbox = bytearray()
         self.manager: NpuManager | None = None
         self.requests: dict[int, ModelLoadRequest] = {}
         self.models: dict[int, LoadedModel] = {}
         self.closed = False
-        self.writing = False
+        self.events = selectors.EVENT_READ
+        """What the loop's selector watches the socket for."""
+        self.paused = False
+        """Unread replies passed `OUTBOX_PAUSE_BYTES`: nothing is read until it drains."""
+        self.last_active = now
         self.callback = RemoteCallback(self)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes the daemon holds for this client: a partial frame and unsent replies."""
+        return self.reader.pending + len(self.outbox)
+
+    @property
+    def holds_nothing(self) -> bool:
+        """No live request and no loaded model."""
+        return not self.requests and not self.models
 
     def send(self, message: p.WireModel) -> None:
         """Queue a message; it leaves at the end of the loop's turn."""
@@ -52,41 +83,67 @@ class Connection:
         if self.closed:
             return
         self.outbox += frame
-        self.daemon.stats.frames_out += 1
-        if len(self.outbox) > MAX_OUTBOX_BYTES:
-            self.daemon.stats.dropped_slow += 1
-            log.warning(
-                "dropping uid %d pid %d: it left %d bytes unread (limit %d)",
-                self.peer.uid,
-                self.peer.pid,
-                len(self.outbox),
-                MAX_OUTBOX_BYTES,
-            )
-            self.daemon.drop(self)
-            return
-        self.daemon.dirty.add(self)
+        self._outlet.queued(self, len(frame))
+
+    def add_request(self, request: ModelLoadRequest) -> None:
+        """Count and remember a live request (`QuotaExceededError` past the uid's cap)."""
+        self.usage.take("requests", self.peer.uid, exempt=self.management)
+        self.requests[request.id] = request
+
+    def add_model(self, model: LoadedModel) -> None:
+        """Count and remember a loaded model (`QuotaExceededError` past the uid's cap)."""
+        self.usage.take("models", self.peer.uid, exempt=self.management)
+        self.models[model.handle] = model
+
+    def check_quota(self, resource: Resource) -> None:
+        """`QuotaExceededError` now, before acting, if one more is past the uid's cap."""
+        self.usage.check(resource, self.peer.uid, exempt=self.management)
+
+    def request_ended(self, request_id: int) -> None:
+        """Forget a request that completed, and the models loaded under it."""
+        if self.requests.pop(request_id, None) is not None:
+            self.usage.give_back("requests", self.peer.uid)
+        ended = [h for h, m in self.models.items() if m.request.id == request_id]
+        for handle in ended:
+            del self.models[handle]
+        if ended:
+            self.usage.give_back("models", self.peer.uid, len(ended))
+
+    def release(self) -> None:
+        """Give back everything it holds and its buffers (the connection is closed)."""
+        uid = self.peer.uid
+        self.usage.give_back("requests", uid, len(self.requests))
+        self.usage.give_back("models", uid, len(self.models))
+        self.requests.clear()
+        self.models.clear()
+        self.reader.release()
+        self.outbox = bytearray()
+        self.manager = None
 
 
 class RemoteCallback(ModelLoadRequestCallback):
     """The service's callback for a remote request: each call becomes a frame."""
 
     def __init__(self, connection: Connection) -> None:
-        self._connection = connection
+        self._connection = weakref.ref(connection)
 
     def on_can_load_model(self, request: ModelLoadRequest, status: ModelLoadStatus, _: Any) -> None:
-        self._connection.send_frame(p.decision_frame(request.id, int(status)))
+        connection = self._connection()
+        if connection is not None:
+            connection.send_frame(p.decision_frame(request.id, int(status)))
 
     def on_request_unload_model(
         self, request: ModelLoadRequest, reason: UnloadReason | None = None
     ) -> None:
-        code = None if reason is None else int(reason)
-        self._connection.send_frame(p.unload_frame(request.id, code))
+        connection = self._connection()
+        if connection is not None:
+            code = None if reason is None else int(reason)
+            connection.send_frame(p.unload_frame(request.id, code))
 
     def on_model_load_request_complete(
         self, request: ModelLoadRequest, status: ModelLoadRequestStatus
     ) -> None:
-        connection = self._connection
-        connection.requests.pop(request.id, None)
-        for handle in [h for h, m in connection.models.items() if m.request.id == request.id]:
-            del connection.models[handle]
-        connection.send_frame(p.complete_frame(request.id, int(status)))
+        connection = self._connection()
+        if connection is not None:
+            connection.request_ended(request.id)
+            connection.send_frame(p.complete_frame(request.id, int(status)))

@@ -19,7 +19,8 @@ SOCKET_NAME = "npu.sock"
 SOCKET_ENV = "NPUMANAGER_SOCKET"
 """An environment variable naming the socket, for clients and the daemon alike."""
 
-_UCRED = struct.Struct("3i")
+_UCRED = struct.Struct("iII")
+"""struct ucred: pid_t (signed), uid_t and gid_t (unsigned 32-bit: ids of 2**31 and more exist)."""
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
 """Linux's option for the peer's supplementary groups (not every Python names it)."""
 _MAX_GROUPS = 256

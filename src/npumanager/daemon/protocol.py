@@ -21,7 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from npumanager.errors import NpuManagerError
 from npumanager.schemas import ModelLoadRequest, NpuUuid
-from npumanager.schemas.limits import FRAME_HEADER_BYTES, MAX_FRAME_BYTES, PROTOCOL_VERSION
+from npumanager.schemas.limits import (
+    DEFAULT_INFO_LIMIT,
+    FRAME_HEADER_BYTES,
+    MAX_FRAME_BYTES,
+    MAX_INFO_LIMIT,
+    PROTOCOL_VERSION,
+    UID_MAX,
+)
 from npumanager.schemas.types import Int32, NonNegativeInt32, NonNegativeInt64, Priority, Uid
 
 _HEADER = struct.Struct(">I")
@@ -140,9 +147,16 @@ class SetAccess(Call):
 
 
 class Info(Call):
-    """The daemon's state: policy, priorities, requests, devices, connections."""
+    """The daemon's state: policy, priorities, requests, devices, connections.
+
+    Lists (requests of each state, clients, priorities) hold at most `limit` entries from
+    `offset` on; the counts are always whole. A client without the management permission
+    sees only its own uid's entries, and counts for the rest.
+    """
 
     op: Literal["info"] = "info"
+    offset: NonNegativeInt32 = 0
+    limit: Annotated[int, Field(ge=0, le=MAX_INFO_LIMIT)] = DEFAULT_INFO_LIMIT
 
 
 ClientMessage = Annotated[
@@ -171,7 +185,7 @@ class Welcome(WireModel):
     version: NonNegativeInt32
     uid: Uid
     pid: NonNegativeInt32
-    gid: NonNegativeInt32
+    gid: Annotated[int, Field(ge=0, le=UID_MAX)]
     daemon_pid: NonNegativeInt32
     management: bool
 
@@ -246,6 +260,14 @@ def reply_frame(seq: int) -> bytes:
     return _framed(b'{"op":"reply","seq":%d,"result":null}' % seq)
 
 
+def result_frame(seq: int, result_json: bytes) -> bytes:
+    """`encode(Reply(seq=seq, result=...))` around a result already encoded as JSON."""
+    body = b'{"op":"reply","seq":%d,"result":%s}' % (seq, result_json)
+    if len(body) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"a reply of {len(body)} bytes is over the limit of {MAX_FRAME_BYTES}")
+    return _framed(body)
+
+
 def decision_frame(request_id: int, status: int) -> bytes:
     """`encode(Decision(...))` without building the model."""
     return _framed(b'{"op":"decision","request_id":%d,"status":%d}' % (request_id, status))
@@ -314,9 +336,34 @@ class FrameReader:
         finally:
             del buffer[:start]
 
+    def push(self, data: bytes) -> None:
+        """Append received bytes; `pop` takes the frames out one at a time."""
+        self._buffer += data
+
+    def pop(self) -> bytes | None:
+        """The next complete frame body, or None; `ProtocolError` on a bad length."""
+        buffer = self._buffer
+        if len(buffer) < FRAME_HEADER_BYTES:
+            return None
+        (size,) = _HEADER.unpack_from(buffer, 0)
+        if size == 0 or size > self.max_frame:
+            raise ProtocolError(
+                f"frame length {size} is not allowed: a body is 1..{self.max_frame} bytes"
+            )
+        end = FRAME_HEADER_BYTES + size
+        if len(buffer) < end:
+            return None
+        body = bytes(buffer[FRAME_HEADER_BYTES:end])
+        del buffer[:end]
+        return body
+
+    def release(self) -> None:
+        """Drop whatever is buffered and give its memory back."""
+        self._buffer = bytearray()
+
     @property
     def pending(self) -> int:
-        """Bytes of a frame not yet complete."""
+        """Bytes received and not yet taken as frames."""
         return len(self._buffer)
 
 

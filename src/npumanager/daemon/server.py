@@ -6,18 +6,22 @@ connection are posted to it too, so every write to a client happens there, and a
 and the decision it caused leave in one send. A client is known by the kernel's
 credentials of its socket. When its connection closes, however it died, its requests end
 at once (its loaded work is cancelled, the policy re-evaluates).
+
+No client can stop the loop or starve the others: whatever a connection's frames raise
+ends at that connection; each connection gets a slice of each turn, and none while it
+leaves its replies unread; per-uid caps bound what one uid holds; a daemon-wide budget
+bounds the bytes buffered for all clients, dropping the connection that buffers the most
+when it is exceeded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 import selectors
 import socket
-import stat
 import threading
 import time
 from collections import deque
@@ -27,40 +31,42 @@ from typing import Any
 from npumanager.core.dispatch import Task
 from npumanager.core.service import Service
 from npumanager.daemon import protocol as p
+from npumanager.daemon.binding import Binding, bind, raise_descriptor_limit
 from npumanager.daemon.calls import Calls, Handler
 from npumanager.daemon.connection import Connection
-from npumanager.daemon.peer import answers, peer_credentials
-from npumanager.errors import DaemonError, NpuManagerError
-from npumanager.schemas.limits import HELLO_TIMEOUT_S, PROTOCOL_VERSION, SOCKET_MODE
+from npumanager.daemon.info import InfoCache
+from npumanager.daemon.memory import give_back_memory
+from npumanager.daemon.peer import peer_credentials
+from npumanager.daemon.quotas import DaemonLimits, UidUsage
+from npumanager.daemon.ratelog import RateLimitedLog
+from npumanager.daemon.stats import DaemonStats
+from npumanager.errors import DaemonError, NpuManagerError, QuotaExceededError
+from npumanager.schemas.limits import (
+    FRAMES_PER_TURN,
+    HELLO_TIMEOUT_S,
+    INT32_MAX,
+    MANAGEMENT_RESERVE_FDS,
+    MAX_OUTBOX_BYTES,
+    OUTBOX_PAUSE_BYTES,
+    PROTOCOL_VERSION,
+    SHUTDOWN_FLUSH_S,
+    TURN_SLICE_S,
+)
 
 log = logging.getLogger(__name__)
 
 _RECV_BYTES = 1 << 16
-_LISTEN_BACKLOG = 512
 _ACCEPT_PAUSE_S = 0.1
 """How long the daemon stops accepting when it runs out of file descriptors."""
 _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-
-
-class DaemonStats:
-    """Counters the daemon reports in `info`."""
-
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-        self.accepted = 0
-        self.frames_in = 0
-        self.frames_out = 0
-        self.protocol_errors = 0
-        self.call_errors = 0
-        self.internal_errors = 0
-        self.dropped_slow = 0
-        self.deaths = 0
-        self.accept_pauses = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        """Every counter, and the uptime in seconds."""
-        counters = {k: v for k, v in vars(self).items() if k != "started"}
-        return {"uptime_s": round(time.monotonic() - self.started, 3), **counters}
+_OWN_FDS = 16
+"""Descriptors the daemon needs for itself (selector, wake pipe, lock, logs, driver)."""
+_IDLE_SCAN_S = 1.0
+_TRIM_AFTER_BYTES = 1 << 20
+"""Freed client buffers past this many bytes are handed back to the system soon after."""
+_TRIM_DELAY_S = 0.2
+"""Handing memory back walks the heap: at most once in this long, however many are freed."""
+_CALL_ERRORS = (NpuManagerError, TypeError, ValueError, LookupError, PermissionError)
 
 
 class Daemon:
@@ -74,72 +80,66 @@ class Daemon:
         socket_group: int | None = None,
         management_group: int | None = None,
         hello_timeout_s: float = HELLO_TIMEOUT_S,
+        limits: DaemonLimits | None = None,
+        create_socket_dir: bool = True,
     ) -> None:
         self.service = service
         self.socket_path = Path(socket_path)
         self.socket_group = socket_group
         self.management_group = management_group
         self.hello_timeout_s = hello_timeout_s
-        self._awaiting_hello: deque[tuple[float, Connection]] = deque()
+        self.limits = limits or DaemonLimits()
+        self.usage = UidUsage(self.limits)
+        self.create_socket_dir = create_socket_dir
         self.stats = DaemonStats()
         self.dirty: set[Connection] = set()
+        self.buffered = 0
+        self.max_connections = 0
+        self._awaiting_hello: dict[Connection, float] = {}
+        self._backlog: set[Connection] = set()
         self._connections: dict[int, Connection] = {}
         self._ready: deque[Task] = deque()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._listener: socket.socket | None = None
-        self._lock_fd: int | None = None
+        self._binding: Binding | None = None
         self._stopping = False
         self._loop_thread: int | None = None
         self._accept_resume_at: float | None = None
+        self._next_idle_scan = 0.0
+        self._freed = 0
+        self._trim_at: float | None = None
+        self._log = RateLimitedLog(log)
         self.calls = Calls(service, self.post, management_group)
+        self._info = InfoCache(self.describe)
         self._handlers: dict[type[p.Call], Handler] = {**self.calls.handlers, p.Info: self._on_info}
 
     # Binding ----------------------------------------------------------------------------
 
     def bind(self) -> None:
-        """Take the socket path: refuse a live daemon, replace a stale socket, listen."""
-        path = self.socket_path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = _take_lock(path)
-        if path.exists() or path.is_symlink():
-            if not stat.S_ISSOCK(path.lstat().st_mode):
-                self._release_lock()
-                raise NpuManagerError(
-                    f"{path} exists and is not a socket; remove it or choose --socket"
-                )
-            if answers(path):
-                self._release_lock()
-                raise NpuManagerError(f"a daemon is already serving {path}")
-            log.info("replacing the stale socket %s", path)
-            path.unlink()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        old_umask = os.umask(0o777 & ~SOCKET_MODE)
-        try:
-            listener.bind(str(path))
-        finally:
-            os.umask(old_umask)
-        os.chmod(path, SOCKET_MODE)
-        if self.socket_group is not None:
-            os.chown(path, -1, self.socket_group)
-        listener.listen(_LISTEN_BACKLOG)
-        listener.setblocking(False)
-        self._listener = listener
-        self._selector.register(listener, selectors.EVENT_READ, self._accept)
+        """Take the socket path (see `binding.bind`) and raise the descriptor limit."""
+        self._binding = bind(
+            self.socket_path,
+            socket_group=self.socket_group,
+            create_parent=self.create_socket_dir,
+        )
+        descriptors = raise_descriptor_limit()
+        self.max_connections = max(1, descriptors - MANAGEMENT_RESERVE_FDS - _OWN_FDS)
+        self._selector.register(self._binding.listener, selectors.EVENT_READ, self._accept)
         self._selector.register(self._wake_r, selectors.EVENT_READ, self._woken)
 
     # The loop ---------------------------------------------------------------------------
 
     def serve_forever(self) -> None:
         """Run until `stop()`, then close the service and every connection."""
-        if self._listener is None:
+        if self._binding is None:
             self.bind()
         self._loop_thread = threading.get_ident()
         select = self._selector.select
         try:
             while not self._stopping:
-                for key, mask in select(self._timeout()):
+                for key, mask in select(0 if self._backlog else self._timeout()):
                     key.data(key.fileobj, mask)
+                self._serve_backlog()
                 self._on_time(time.monotonic())
                 self._turn()
         finally:
@@ -167,15 +167,58 @@ class Daemon:
 
     def _run_ready(self) -> None:
         ready = self._ready
+        if ready:
+            self._info.changed()
         while ready:
-            ready.popleft()()
+            task = ready.popleft()
+            try:
+                task()
+            except Exception:
+                self.stats.internal_errors += 1
+                log.exception("a delivery to a client raised")
 
     def _turn(self) -> None:
-        """Run posted deliveries, then write what each connection has queued."""
+        """Run posted deliveries, write what each connection has queued, hand memory back."""
         self._run_ready()
         while self.dirty:
-            connection = self.dirty.pop()
-            self._write(connection)
+            self._write(self.dirty.pop())
+        if self._freed >= _TRIM_AFTER_BYTES and self._trim_at is None:
+            self._trim_at = time.monotonic() + _TRIM_DELAY_S
+
+    def _timeout(self) -> float | None:
+        """How long the loop may sleep: until accepting resumes or a hello is overdue."""
+        times = [self._accept_resume_at] if self._accept_resume_at is not None else []
+        if self._awaiting_hello:
+            times.append(next(iter(self._awaiting_hello.values())))
+        if self.limits.idle_timeout_s > 0 and self._connections:
+            times.append(self._next_idle_scan)
+        if self._trim_at is not None:
+            times.append(self._trim_at)
+        return max(0.0, min(times) - time.monotonic()) if times else None
+
+    def _on_time(self, now: float) -> None:
+        if self._trim_at is not None and now >= self._trim_at:
+            self._trim_at = None
+            self._freed = 0
+            give_back_memory()
+        if self._accept_resume_at is not None and now >= self._accept_resume_at:
+            self._resume_accepting()
+        waiting = self._awaiting_hello
+        while waiting:
+            connection, deadline = next(iter(waiting.items()))
+            if deadline > now:
+                break
+            del waiting[connection]
+            self._fatal(connection, f"no hello within {self.hello_timeout_s:g} s")
+        if self.limits.idle_timeout_s > 0 and now >= self._next_idle_scan:
+            self._next_idle_scan = now + _IDLE_SCAN_S
+            idle_since = now - self.limits.idle_timeout_s
+            for connection in list(self._connections.values()):
+                if connection.holds_nothing and connection.last_active < idle_since:
+                    self.stats.closed_idle += 1
+                    self._fatal(connection, f"idle for {self.limits.idle_timeout_s:g} s")
+
+    # Accepting --------------------------------------------------------------------------
 
     def _accept(self, listener: Any, _: int) -> None:
         while True:
@@ -187,46 +230,55 @@ class Daemon:
                 if exc.errno in _OUT_OF_DESCRIPTORS:
                     self._pause_accepting(exc)
                 else:
-                    log.warning("accept failed: %s", exc)
+                    self._log.warning("accept failed: %s", exc)
                 return
             try:
-                peer = peer_credentials(sock)
-            except OSError as exc:
-                log.warning("no credentials for a new connection (%s); closing it", exc)
+                self._admit(sock)
+            except Exception:
+                self.stats.internal_errors += 1
+                log.exception("admitting a connection failed")
                 sock.close()
-                continue
-            sock.setblocking(False)
-            connection = Connection(self, sock, peer)
-            self._connections[sock.fileno()] = connection
-            self._selector.register(sock, selectors.EVENT_READ, self._io)
-            self._awaiting_hello.append((time.monotonic() + self.hello_timeout_s, connection))
-            self.stats.accepted += 1
 
-    def _timeout(self) -> float | None:
-        """How long the loop may sleep: until accepting resumes or a hello is overdue."""
-        times = [self._accept_resume_at] if self._accept_resume_at is not None else []
-        if self._awaiting_hello:
-            times.append(self._awaiting_hello[0][0])
-        return max(0.0, min(times) - time.monotonic()) if times else None
-
-    def _on_time(self, now: float) -> None:
-        if self._accept_resume_at is not None and now >= self._accept_resume_at:
-            self._resume_accepting()
-        waiting = self._awaiting_hello
-        while waiting and (waiting[0][1].manager is not None or waiting[0][1].closed):
-            waiting.popleft()
-        while waiting and waiting[0][0] <= now:
-            _, connection = waiting.popleft()
-            if connection.manager is None and not connection.closed:
-                self._fatal(connection, f"no hello within {self.hello_timeout_s:g} s")
+    def _admit(self, sock: socket.socket) -> None:
+        try:
+            peer = peer_credentials(sock)
+        except OSError as exc:
+            self._log.warning("no credentials for a new connection (%s); closing it", exc)
+            sock.close()
+            return
+        management = self.calls.may_manage(peer)
+        refusal = None
+        if not management and len(self._connections) >= self.max_connections:
+            refusal = f"the daemon is at its limit of {self.max_connections} connections"
+        else:
+            try:
+                self.usage.take("connections", peer.uid, exempt=management)
+            except QuotaExceededError as exc:
+                refusal = str(exc)
+        if refusal is not None:
+            self.stats.refused += 1
+            self._log.info("refusing uid %d pid %d: %s", peer.uid, peer.pid, refusal)
+            with contextlib.suppress(OSError):
+                sock.setblocking(False)
+                sock.send(p.encode(p.Error(kind=QuotaExceededError.__name__, message=refusal)))
+            sock.close()
+            return
+        sock.setblocking(False)
+        now = time.monotonic()
+        connection = Connection(self, sock, peer, usage=self.usage, management=management, now=now)
+        self._connections[connection.fd] = connection
+        self._selector.register(sock, selectors.EVENT_READ, self._io)
+        self._awaiting_hello[connection] = now + self.hello_timeout_s
+        self.stats.accepted += 1
+        self._info.changed()
 
     def _pause_accepting(self, exc: OSError) -> None:
         """Out of descriptors: stop accepting for a moment instead of spinning on accept."""
-        assert self._listener is not None
-        self._selector.unregister(self._listener)
+        assert self._binding is not None
+        self._selector.unregister(self._binding.listener)
         self._accept_resume_at = time.monotonic() + _ACCEPT_PAUSE_S
         self.stats.accept_pauses += 1
-        log.warning(
+        self._log.warning(
             "cannot accept connections (%s); %d open, trying again in %g s",
             exc.strerror,
             len(self._connections),
@@ -235,19 +287,61 @@ class Daemon:
 
     def _resume_accepting(self) -> None:
         self._accept_resume_at = None
-        if self._listener is not None:
-            self._selector.register(self._listener, selectors.EVENT_READ, self._accept)
+        if self._binding is not None:
+            self._selector.register(self._binding.listener, selectors.EVENT_READ, self._accept)
+
+    # Reading and writing ----------------------------------------------------------------
+
+    def queued(self, connection: Connection, nbytes: int) -> None:
+        """A connection queued `nbytes` to send: write it this turn, within the limits."""
+        self.stats.frames_out += 1
+        self.buffered += nbytes
+        if len(connection.outbox) > MAX_OUTBOX_BYTES:
+            self.stats.dropped_slow += 1
+            self._log.warning(
+                "dropping uid %d pid %d: it left %d bytes unread (limit %d)",
+                connection.peer.uid,
+                connection.peer.pid,
+                len(connection.outbox),
+                MAX_OUTBOX_BYTES,
+            )
+            self.drop(connection)
+            return
+        self.dirty.add(connection)
+        self._keep_budget()
+
+    def _keep_budget(self) -> None:
+        """Over the daemon-wide buffer budget: drop whoever buffers the most until under it."""
+        budget = self.limits.max_buffered_bytes
+        while self.buffered > budget and self._connections:
+            largest = max(self._connections.values(), key=lambda c: c.buffered)
+            self.stats.dropped_over_budget += 1
+            self._log.warning(
+                "dropping uid %d pid %d: it holds %d of the %d bytes all clients may buffer",
+                largest.peer.uid,
+                largest.peer.pid,
+                largest.buffered,
+                budget,
+            )
+            self.drop(largest)
 
     def _io(self, sock: Any, mask: int) -> None:
         connection = self._connections.get(sock.fileno())
         if connection is None:
             return
-        if mask & selectors.EVENT_WRITE:
-            self._write(connection)
-        if mask & selectors.EVENT_READ and not connection.closed:
-            self._read(connection)
+        try:
+            if mask & selectors.EVENT_WRITE:
+                self._write(connection)
+            if mask & selectors.EVENT_READ and not connection.closed:
+                self._read(connection)
+        except Exception:
+            self.stats.internal_errors += 1
+            log.exception("internal error serving uid %d; closing it", connection.peer.uid)
+            self.drop(connection)
 
     def _read(self, connection: Connection) -> None:
+        if connection in self._backlog or connection.paused:
+            return  # it has frames waiting their turn: read no more until they are handled
         try:
             data = connection.sock.recv(_RECV_BYTES)
         except (BlockingIOError, InterruptedError):
@@ -257,13 +351,57 @@ class Daemon:
         if not data:
             self.drop(connection)
             return
+        connection.last_active = time.monotonic()
+        connection.reader.push(data)
+        self.buffered += len(data)
+        self._handle_frames(connection)
+        self._keep_budget()
+
+    def _handle_frames(self, connection: Connection) -> None:
+        """Handle the connection's frames for one slice of the loop; the rest wait a turn.
+
+        A slice ends after `FRAMES_PER_TURN` frames or `TURN_SLICE_S`, so one client's
+        pipeline cannot hold up the others; a client that leaves `OUTBOX_PAUSE_BYTES`
+        unread gets nothing more handled until it reads.
+        """
+        self._backlog.discard(connection)
+        reader = connection.reader
+        ends = time.perf_counter() + TURN_SLICE_S
         try:
-            for body in connection.reader.feed(data):
+            for _ in range(FRAMES_PER_TURN):
                 if connection.closed:
                     return
+                if len(connection.outbox) >= OUTBOX_PAUSE_BYTES:
+                    self._pause(connection)
+                    return
+                before = reader.pending
+                body = reader.pop()
+                if body is None:
+                    return
+                self.buffered -= before - reader.pending
                 self._frame(connection, body)
+                if time.perf_counter() >= ends:
+                    break
+            if not connection.closed:
+                self._backlog.add(connection)
         except p.ProtocolError as exc:
             self._fatal(connection, str(exc))
+
+    def _pause(self, connection: Connection) -> None:
+        """Stop reading a client that does not read; `_write` resumes it once it drains."""
+        if not connection.paused:
+            connection.paused = True
+            self.stats.backpressure_pauses += 1
+            self.dirty.add(connection)
+
+    def _serve_backlog(self) -> None:
+        for connection in list(self._backlog):
+            try:
+                self._handle_frames(connection)
+            except Exception:
+                self.stats.internal_errors += 1
+                log.exception("internal error serving uid %d; closing it", connection.peer.uid)
+                self.drop(connection)
 
     def _write(self, connection: Connection) -> None:
         if connection.closed:
@@ -273,15 +411,20 @@ class Daemon:
             while outbox:
                 sent = connection.sock.send(outbox)
                 del outbox[:sent]
+                self.buffered -= sent
         except (BlockingIOError, InterruptedError):
             pass
         except OSError:
             self.drop(connection)
             return
-        wants_write = bool(outbox)
-        if wants_write != connection.writing:
-            connection.writing = wants_write
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if wants_write else 0)
+        if connection.paused and len(outbox) < OUTBOX_PAUSE_BYTES // 2:
+            connection.paused = False
+            self._backlog.add(connection)  # frames it sent meanwhile are still buffered
+        events = (0 if connection.paused else selectors.EVENT_READ) | (
+            selectors.EVENT_WRITE if outbox else 0
+        )
+        if events != connection.events:
+            connection.events = events
             self._selector.modify(connection.sock, events, self._io)
 
     # Frames -----------------------------------------------------------------------------
@@ -296,9 +439,11 @@ class Daemon:
             raise p.ProtocolError("the first frame of a connection must be a hello")
         assert isinstance(message, p.Call)
         seq = message.seq
+        if not isinstance(message, p.Info):
+            self._info.changed()
         try:
             result = self._handlers[type(message)](connection, message)
-        except (NpuManagerError, TypeError, ValueError, LookupError, PermissionError) as exc:
+        except _CALL_ERRORS as exc:
             self.stats.call_errors += 1
             connection.send(p.Error(seq=seq, kind=type(exc).__name__, message=_clip(str(exc))))
             return
@@ -311,6 +456,8 @@ class Daemon:
         self._run_ready()
         if result is None:
             connection.send_frame(p.reply_frame(seq))
+        elif isinstance(result, bytes):
+            connection.send_frame(p.result_frame(seq, result))
         else:
             connection.send(p.Reply(seq=seq, result=result))
 
@@ -323,6 +470,12 @@ class Daemon:
                 f"version {PROTOCOL_VERSION}"
             )
         peer = connection.peer
+        if peer.uid > INT32_MAX:
+            raise p.ProtocolError(
+                f"uid {peer.uid} is outside the uids the scheduling HAL carries "
+                f"(0..{INT32_MAX}); this daemon cannot serve it"
+            )
+        self._awaiting_hello.pop(connection, None)
         connection.manager = self.service.manager(
             peer.uid, pid=peer.pid, uses_feature=hello.uses_feature
         )
@@ -333,44 +486,60 @@ class Daemon:
                 pid=peer.pid,
                 gid=peer.gid,
                 daemon_pid=os.getpid(),
-                management=self.calls.may_manage(peer),
+                management=connection.management,
             )
         )
 
     def _fatal(self, connection: Connection, message: str) -> None:
         self.stats.protocol_errors += 1
-        log.info("closing uid %d pid %d: %s", connection.peer.uid, connection.peer.pid, message)
+        self._log.info(
+            "closing uid %d pid %d: %s", connection.peer.uid, connection.peer.pid, message
+        )
         connection.send(p.Error(kind="ProtocolError", message=_clip(message)))
         self._write(connection)
         self.drop(connection)
 
     def drop(self, connection: Connection) -> None:
-        """Forget a connection; the client's requests end as if it had died."""
+        """Forget a connection at once; the client's requests end as if it had died."""
         if connection.closed:
             return
         connection.closed = True
         self.dirty.discard(connection)
-        self._connections.pop(connection.sock.fileno(), None)
+        self._backlog.discard(connection)
+        self._awaiting_hello.pop(connection, None)
+        self._connections.pop(connection.fd, None)
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(connection.sock)
         connection.sock.close()
-        if connection.manager is not None:
+        self.usage.give_back("connections", connection.peer.uid)
+        self.buffered -= connection.buffered
+        self._freed += connection.buffered
+        manager = connection.manager
+        connection.release()
+        if manager is not None:
             self.stats.deaths += 1
-            connection.manager.close()
-        connection.models.clear()
-        connection.requests.clear()
+            manager.close()
+        self._info.changed()
 
-    def _on_info(self, _connection: Connection, _message: p.Info) -> dict[str, Any]:
-        return self.describe()
+    # Info -------------------------------------------------------------------------------
+
+    def _on_info(self, connection: Connection, message: p.Info) -> bytes:
+        uid = None if connection.management else connection.peer.uid
+        return self._info.result_json(uid, message.offset, message.limit)
 
     def describe(self) -> dict[str, Any]:
-        """The service's snapshot with the daemon's own: socket, counters, connections."""
+        """The service's snapshot with the daemon's own: socket, counters, limits, clients."""
         document = self.service.snapshot()
         document["daemon"] = {
             "pid": os.getpid(),
             "socket": str(self.socket_path),
             "protocol_version": PROTOCOL_VERSION,
             "connections": len(self._connections),
+            "max_connections": self.max_connections,
+            "buffered_bytes": self.buffered,
+            "limits": vars(self.limits),
+            "suppressed_log_lines": self._log.suppressed,
+            "info_snapshots": self._info.renewals,
             **self.stats.as_dict(),
         }
         document["clients"] = [
@@ -389,53 +558,47 @@ class Daemon:
     # Shutdown ---------------------------------------------------------------------------
 
     def _shutdown(self) -> None:
-        """Complete every live request, tell the clients, close everything."""
+        """Complete every live request, tell the clients within a bound, close everything."""
         try:
             self.service.close()
         except Exception:
             log.exception("closing the service failed")
         self._turn()
+        self._flush_all(time.monotonic() + SHUTDOWN_FLUSH_S)
         for connection in list(self._connections.values()):
-            with contextlib.suppress(OSError):
-                connection.sock.setblocking(True)
-                connection.sock.settimeout(1.0)
-                connection.sock.sendall(connection.outbox)
             connection.manager = None  # the service is closed; nothing more to tell it
             self.drop(connection)
-        if self._listener is not None:
+        if self._binding is not None:
             with contextlib.suppress(KeyError, ValueError):
-                self._selector.unregister(self._listener)
-            self._listener.close()
-            with contextlib.suppress(FileNotFoundError):
-                self.socket_path.unlink()
-            self._listener = None
+                self._selector.unregister(self._binding.listener)
+            self._binding.close()
+            self._binding = None
         self._selector.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
-        self._release_lock()
 
-    def _release_lock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-
-
-def _take_lock(path: Path) -> int:
-    """Hold `<socket>.lock` for the daemon's life; a second daemon on the path is refused."""
-    lock_path = path.with_name(path.name + ".lock")
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EACCES):
-            raise NpuManagerError(f"a daemon is already serving {path}") from None
-        raise
-    return fd
+    def _flush_all(self, deadline: float) -> None:
+        """Write what every connection still has queued, for all of them until `deadline`."""
+        with selectors.DefaultSelector() as writable:
+            while True:
+                waiting = [c for c in self._connections.values() if c.outbox and not c.closed]
+                for connection in waiting:
+                    self._write(connection)
+                waiting = [c for c in waiting if c.outbox and not c.closed]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not waiting:
+                    return
+                for connection in waiting:
+                    with contextlib.suppress(KeyError, ValueError):
+                        writable.register(connection.sock, selectors.EVENT_WRITE)
+                writable.select(remaining)
+                for connection in waiting:
+                    with contextlib.suppress(KeyError, ValueError):
+                        writable.unregister(connection.sock)
 
 
 def _clip(text: str, limit: int = 4000) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-__all__ = ["Daemon", "DaemonStats"]
+__all__ = ["Daemon", "DaemonLimits", "DaemonStats"]

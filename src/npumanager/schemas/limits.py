@@ -128,3 +128,37 @@ def grant_allowance_bytes(size_class: int, declared_bytes: int | None) -> int:
     if declared_bytes is not None:
         return declared_bytes
     return GRANT_ALLOWANCE_BYTES[size_class]
+
+
+UID_MAX: Final = 2**32 - 2
+"""The largest uid or gid Linux gives a process ((uid_t)-1 means "no uid")."""
+DEFAULT_MAX_CONNECTIONS_PER_UID: Final = 64
+"""Daemon connections one uid may hold open (management is exempt)."""
+DEFAULT_MAX_REQUESTS_PER_UID: Final = 1024
+"""Live model-load requests one uid may hold through the daemon (management is exempt)."""
+DEFAULT_MAX_MODELS_PER_UID: Final = 64
+"""Models one uid may hold loaded through the daemon (management is exempt)."""
+DEFAULT_MAX_BUFFERED_BYTES: Final = 64 << 20
+"""Bytes the daemon buffers for all clients together (partial frames and unread replies);
+past it, the connection buffering the most is dropped."""
+DEFAULT_IDLE_TIMEOUT_S: Final = 0.0
+"""A daemon connection with nothing live for this long is closed; 0 never closes one."""
+MANAGEMENT_RESERVE_FDS: Final = 32
+"""Descriptors the daemon keeps free for management connections when it is full."""
+FRAMES_PER_TURN: Final = 32
+"""Frames the daemon handles for one connection before it serves the others."""
+TURN_SLICE_S: Final = 0.00005
+"""Time the daemon spends on one connection's frames before it serves the others."""
+OUTBOX_PAUSE_BYTES: Final = 256 << 10
+"""A client with this much unread is not served more until it reads (backpressure)."""
+INFO_SNAPSHOT_TTL_S: Final = 0.25
+"""`info` is answered from a snapshot at most this old (any state-changing call renews it)."""
+DEFAULT_INFO_LIMIT: Final = 100
+"""Requests listed per state (and clients and priorities) by `info` unless asked for more."""
+MAX_INFO_LIMIT: Final = 500
+"""The most entries per list one `info` reply carries; larger lists are paged."""
+SHUTDOWN_FLUSH_S: Final = 2.0
+"""How long a stopping daemon spends, in all, handing its last frames to the clients."""
+LOG_BURST: Final = 10
+"""Lines one kind of client-caused log message may print per `LOG_WINDOW_S`."""
+LOG_WINDOW_S: Final = 10.0

@@ -1,0 +1,243 @@
+"""A well-behaved client's round trip while one hostile client attacks the daemon.
+
+`npu-manager serve` (status quo, vnpu, real clock) runs in a separate process. A raw
+protocol client (the `raw` figure of benchmarks/ipc.py) times request-to-decision round
+trips in rounds: a quiet round, then a round while one attacker process, with a uid of
+its own, keeps up one attack, and so on in turn, so every kind sees the same machine:
+
+* info_flood: pipelined `info` calls, 200 at a time, every reply read;
+* idle_1000: a thousand connections that said hello and say nothing more;
+* partial: connections that each hold a 1 MiB frame short of its last byte, again and
+  again as the buffer budget drops them;
+* no_read: connections that pipeline calls and never read a reply;
+* hoard: requests up to the uid's cap, cancelled and asked again;
+* cpu_burn, the control: a process that keeps a core busy and never calls the daemon. On
+  a 2-core machine any attacker takes a core from the client and the daemon; the
+  `_vs_cpu_burn` ratios show what is left, the daemon's own share.
+
+For each: the median over rounds of the round's p50 and p99 (microseconds) and the p99
+against the quiet rounds' (target: at most 2x). Run as root, so that the attacker can
+have a uid of its own (otherwise it shares the benchmark's and is management, exempt
+from the per-uid caps).
+
+Usage: python benchmarks/daemon_attacks.py [--json] [--samples N] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ipc import _percentile, raw_round  # the same raw client, beside this script
+
+import npumanager as npu
+from npumanager.daemon import protocol as wire
+
+ATTACK_UID = 20021
+SOCKET_GID = 20000
+TARGET_RATIO = 2.0
+MIB = 1 << 20
+Stop = Any
+
+
+def _connect(path: str, hello: bool = True) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect(path)
+    if hello:
+        sock.sendall(wire.encode(wire.HELLO))
+        sock.recv(65536)
+    return sock
+
+
+def _frames(count: int, make: Callable[[int], wire.WireModel]) -> bytes:
+    return b"".join(wire.encode(make(i)) for i in range(count))
+
+
+def info_flood(path: str, stop: Stop) -> None:
+    sock = _connect(path)
+    calls = _frames(200, lambda i: wire.Info(seq=i))
+    reader = wire.FrameReader()
+    while not stop.is_set():
+        sock.sendall(calls)
+        got = 0
+        while got < 200:
+            got += sum(1 for _ in reader.feed(sock.recv(1 << 20)))
+
+
+def idle_1000(path: str, stop: Stop) -> None:
+    held = [_connect(path) for _ in range(1000)]
+    stop.wait()
+    for sock in held:
+        sock.close()
+
+
+def partial(path: str, stop: Stop) -> None:
+    body = wire.encode(wire.HELLO) + (MIB).to_bytes(4, "big") + b"x" * (MIB - 1)
+    held: list[socket.socket] = []
+    while not stop.is_set():
+        try:
+            sock = _connect(path, hello=False)
+            sock.sendall(body)
+            held.append(sock)
+        except OSError:
+            pass
+        if len(held) > 200:
+            held.pop(0).close()
+
+
+def no_read(path: str, stop: Stop) -> None:
+    calls = _frames(2000, lambda i: wire.Info(seq=i))
+    while not stop.is_set():
+        try:
+            sock = _connect(path)
+            sock.settimeout(0.2)
+            while not stop.is_set():
+                sock.sendall(calls)
+        except OSError:
+            time.sleep(0.01)
+
+
+def hoard(path: str, stop: Stop) -> None:
+    sock = _connect(path)
+    reader = wire.FrameReader()
+    requests = _frames(
+        1100,
+        lambda i: wire.RequestCanLoad(seq=i, request=npu.ModelLoadRequest.Builder(i).build()),
+    )
+    cancels = _frames(1100, lambda i: wire.CancelLoad(seq=2000 + i, request_id=i))
+    while not stop.is_set():
+        sock.sendall(requests + cancels)
+        got = 0
+        while got < 2200:
+            got += sum(1 for body in reader.feed(sock.recv(1 << 20)) if b'"seq"' in body)
+
+
+def cpu_burn(path: str, stop: Stop) -> None:
+    """The control: a process that only keeps a core busy and never calls the daemon."""
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+ATTACKS: dict[str, Callable[[str, Stop], None]] = {
+    f.__name__: f for f in (cpu_burn, info_flood, idle_1000, partial, no_read, hoard)
+}
+
+
+def _attacker(name: str, path: str, stop: Stop, ready: Stop) -> None:
+    if os.geteuid() == 0:
+        os.setgroups([SOCKET_GID])
+        os.setgid(ATTACK_UID)
+        os.setuid(ATTACK_UID)
+    ready.set()
+    try:
+        ATTACKS[name](path, stop)
+    except OSError:
+        stop.wait()
+
+
+def _serve(path: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "npumanager", "serve", "--socket", str(path)]
+    options = ["--log-level", "error", "--socket-group", str(SOCKET_GID)]
+    daemon = subprocess.Popen(
+        [*command, *options, "--max-connections-per-uid", "1100"], stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            _connect(str(path)).close()
+            return daemon
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit("the daemon did not start listening within 30 s")
+
+
+def measure(samples: int, rounds: int) -> dict[str, Any]:
+    """Rounds of quiet and of each attack in turn; medians of per-round percentiles."""
+    context = multiprocessing.get_context("fork")
+    figures: dict[str, list[tuple[float, float]]] = {"quiet": []} | {a: [] for a in ATTACKS}
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)
+        path = Path(tmp) / "npu.sock"
+        daemon = _serve(path)
+        client = _connect(str(path))
+        next_id = 0
+        try:
+            raw_round(client, samples, next_id)  # warm-up
+            for round_number in range(rounds):
+                for name, rows in figures.items():
+                    stop, ready = context.Event(), context.Event()
+                    attacker = None
+                    if name != "quiet":
+                        attacker = context.Process(
+                            target=_attacker, args=(name, str(path), stop, ready), daemon=True
+                        )
+                        attacker.start()
+                        ready.wait(10)
+                        time.sleep(0.5)  # let the attack get going
+                    next_id += samples
+                    times = raw_round(client, samples, next_id)
+                    rows.append((_percentile(times, 0.5), _percentile(times, 0.99)))
+                    if attacker is not None:
+                        stop.set()
+                        attacker.join(10)
+                        if attacker.is_alive():
+                            attacker.kill()
+                    print(
+                        f"round {round_number + 1}/{rounds} {name}: p99 {rows[-1][1]:.0f} us",
+                        file=sys.stderr,
+                    )
+        finally:
+            client.close()
+            daemon.terminate()
+            daemon.wait(20)
+    quiet_p99 = statistics.median(p99 for _, p99 in figures["quiet"])
+    burn_p99 = statistics.median(p99 for _, p99 in figures["cpu_burn"])
+    result: dict[str, Any] = {
+        "samples_per_round": samples,
+        "rounds": rounds,
+        "attacker_has_own_uid": os.geteuid() == 0,
+        "target_ratio": TARGET_RATIO,
+    }
+    for name, rows in figures.items():
+        p50 = statistics.median(r[0] for r in rows)
+        p99 = statistics.median(r[1] for r in rows)
+        result[f"{name}_p50_us"] = round(p50, 1)
+        result[f"{name}_p99_us"] = round(p99, 1)
+        if name not in ("quiet", "cpu_burn"):
+            result[f"{name}_p99_ratio"] = round(p99 / quiet_p99, 2)
+            result[f"{name}_p99_vs_cpu_burn"] = round(p99 / burn_p99, 2)
+            result[f"{name}_target_met"] = p99 / quiet_p99 <= TARGET_RATIO
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the figures, as JSON with `--json`, else one per line beside its target."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--samples", type=int, default=2000, help="round trips per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of each kind")
+    args = parser.parse_args(argv)
+    result = measure(args.samples, args.rounds)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    for key, value in result.items():
+        target = f"  (target <= {TARGET_RATIO}x quiet)" if key.endswith("_ratio") else ""
+        print(f"{key:28} {value}{target}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

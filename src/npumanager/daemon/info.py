@@ -1,0 +1,84 @@
+"""The `info` reply: the service's state as one client may see it, bounded in size and cost.
+
+The service's snapshot is taken at most every `INFO_SNAPSHOT_TTL_S` (sooner after any call
+that changes state), and each view of it (management or one uid; a page) is encoded once,
+so a client that floods `info` costs the daemon little. Lists are paged; counts are whole.
+A client without the management permission sees its own uid's entries and counts for the
+rest: other users' uids and pids are not its business.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from npumanager.schemas.limits import INFO_SNAPSHOT_TTL_S, MAX_FRAME_BYTES
+
+Snapshot = Callable[[], dict[str, Any]]
+
+_VIEW_CACHE_ENTRIES = 256
+"""Views of one snapshot kept encoded; more distinct views than this start the cache over."""
+
+
+class InfoCache:
+    """Builds `info` results from a snapshot renewed when stale or when state changed."""
+
+    def __init__(self, snapshot: Snapshot, ttl_s: float = INFO_SNAPSHOT_TTL_S) -> None:
+        self._snapshot = snapshot
+        self._ttl_s = ttl_s
+        self._taken_at = -float("inf")
+        self._document: dict[str, Any] = {}
+        self._views: dict[tuple[int | None, int, int], bytes] = {}
+        self.renewals = 0
+
+    def changed(self) -> None:
+        """State changed: the next `info` takes a new snapshot."""
+        self._taken_at = -float("inf")
+
+    def result_json(self, uid: int | None, offset: int, limit: int) -> bytes:
+        """The encoded result for a viewer (`uid`, or None for management) and a page."""
+        now = time.monotonic()
+        if now - self._taken_at > self._ttl_s:
+            self._document = self._snapshot()
+            self._taken_at = now
+            self._views.clear()
+            self.renewals += 1
+        key = (uid, offset, limit)
+        cached = self._views.get(key)
+        if cached is None:
+            if len(self._views) >= _VIEW_CACHE_ENTRIES:
+                self._views.clear()
+            cached = self._views[key] = encode_view(self._document, uid, offset, limit)
+        return cached
+
+
+def encode_view(document: dict[str, Any], uid: int | None, offset: int, limit: int) -> bytes:
+    """`view` as JSON, with the page shrunk until the reply fits one frame."""
+    while True:
+        body = json.dumps(view(document, uid, offset, limit), separators=(",", ":")).encode()
+        if len(body) < MAX_FRAME_BYTES - 256 or limit == 0:
+            return body
+        limit //= 2
+
+
+def view(document: dict[str, Any], uid: int | None, offset: int, limit: int) -> dict[str, Any]:
+    """What a viewer sees of a full document: its lists paged, others' entries hidden."""
+
+    def mine(entry: dict[str, Any]) -> bool:
+        return uid is None or entry.get("uid") == uid
+
+    def page(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [e for e in entries if mine(e)][offset : offset + limit]
+
+    requests: dict[str, list[dict[str, Any]]] = document["requests"]
+    shown = dict(document)
+    shown["requests"] = {state: page(entries) for state, entries in requests.items()}
+    shown["request_counts"] = {state: len(entries) for state, entries in requests.items()}
+    shown["priorities"] = page(document["priorities"])
+    shown["priorities_total"] = len(document["priorities"])
+    shown["clients"] = page(document["clients"])
+    shown["clients_total"] = len(document["clients"])
+    shown["page"] = {"offset": offset, "limit": limit, "scope": "all" if uid is None else "own"}
+    return shown

@@ -1,0 +1,88 @@
+"""What the daemon's commands share: the CLI context, common options, option parsing."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+from npumanager.errors import NpuManagerError
+
+
+class CommandContext(Protocol):
+    """What the CLI hands every command."""
+
+    args: argparse.Namespace
+    out: TextIO
+    err: TextIO
+
+    @property
+    def registry(self) -> Any: ...
+
+
+Add = Callable[[str, Callable[[Any], int], str], argparse.ArgumentParser]
+
+
+def socket_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--socket",
+        type=Path,
+        metavar="PATH",
+        help="the daemon's socket (default: $NPUMANAGER_SOCKET or the per-user runtime socket)",
+    )
+
+
+def json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def budget_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-budget", type=int, metavar="N", help="budget policy: the total weight admitted"
+    )
+    parser.add_argument(
+        "--weights",
+        metavar="W1,W2,W4",
+        help="budget policy: the weight of each size class, smallest first (e.g. 1,2,4)",
+    )
+
+
+def policy_params(policy: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    params: dict[str, Any] = {}
+    if args.max_budget is not None:
+        params["max_budget"] = args.max_budget
+    if args.weights is not None:
+        try:
+            params["weights"] = [int(w) for w in args.weights.split(",")]
+        except ValueError:
+            raise NpuManagerError(
+                f"--weights must be comma-separated ints, e.g. 1,2,4; got {args.weights!r}"
+            ) from None
+    if params and policy.replace("-", "_") != "budget":
+        raise NpuManagerError(
+            f"--max-budget and --weights apply to the budget policy only, not {policy!r}"
+        )
+    return params or None
+
+
+def parse_sink(spec: str) -> tuple[str, dict[str, Any]]:
+    """`NAME[:KEY=VALUE,...]` as the sink name and its options (digits become ints)."""
+    name, _, rest = spec.partition(":")
+    options: dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise NpuManagerError(
+                f"--sink {spec!r}: options are KEY=VALUE separated by commas; got {item!r}"
+            )
+        options[key] = int(value) if value.lstrip("-").isdigit() else value
+    if not name:
+        raise NpuManagerError(f"--sink {spec!r}: name a sink first, e.g. prometheus:port=9464")
+    return name, options
+
+
+def client(args: argparse.Namespace) -> Any:
+    from npumanager.daemon.client import DaemonClient
+
+    return DaemonClient(args.socket)

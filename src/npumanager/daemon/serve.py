@@ -1,0 +1,219 @@
+"""`npu-manager serve`: its options, and running the daemon in the foreground until a signal."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+from typing import Any
+
+from npumanager.daemon.options import (
+    Add,
+    CommandContext,
+    budget_options,
+    parse_sink,
+    policy_params,
+    socket_option,
+)
+from npumanager.daemon.quotas import DaemonLimits
+from npumanager.errors import NpuManagerError
+from npumanager.schemas.limits import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_BUFFERED_BYTES,
+    DEFAULT_MAX_CONNECTIONS_PER_UID,
+    DEFAULT_MAX_MODELS_PER_UID,
+    DEFAULT_MAX_REQUESTS_PER_UID,
+    DEFAULT_UNLOAD_GRACE_MS,
+    INT32_MAX,
+)
+
+log = logging.getLogger("npumanager.daemon")
+
+_LOG_FORMAT = "%(asctime)s npu-manager[%(process)d] %(levelname)s %(name)s: %(message)s"
+_MIB = 1 << 20
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number; got {text!r}") from None
+    if not 1 <= value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be 1..{INT32_MAX}; got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds; got {text!r}") from None
+    if not 0 <= value <= 86_400 * 365:
+        raise argparse.ArgumentTypeError(f"must be 0 (never) up to a year; got {text}")
+    return value
+
+
+def add_serve(add: Add) -> None:
+    """Add `serve` and its options to the CLI's parser."""
+    serve = add("serve", cmd_serve, "run the arbiter as a daemon on a Unix socket (foreground)")
+    socket_option(serve)
+    serve.add_argument("--driver", default="vnpu", help="the driver to serve (default: vnpu)")
+    serve.add_argument(
+        "--policy", default="status_quo", help="the model-loading policy (default: status_quo)"
+    )
+    budget_options(serve)
+    serve.add_argument(
+        "--devices", type=int, default=1, metavar="N", help="devices of a simulated driver"
+    )
+    serve.add_argument(
+        "--socket-group",
+        metavar="GROUP",
+        help="group that owns the socket; its members may connect (mode 0660)",
+    )
+    serve.add_argument(
+        "--management-group",
+        metavar="GROUP",
+        help="group whose members may set the policy, importances and access, as root may",
+    )
+    serve.add_argument(
+        "--attribution-uid",
+        type=int,
+        action="append",
+        default=[],
+        metavar="UID",
+        help="a uid allowed to attribute work to other uids (repeatable)",
+    )
+    serve.add_argument(
+        "--unload-grace-ms",
+        type=int,
+        default=DEFAULT_UNLOAD_GRACE_MS,
+        metavar="MS",
+        help=f"how long a client asked to unload may take (default {DEFAULT_UNLOAD_GRACE_MS})",
+    )
+    serve.add_argument(
+        "--sink",
+        action="append",
+        default=[],
+        metavar="NAME[:KEY=VALUE,...]",
+        help="send telemetry to a sink, e.g. prometheus:port=9464 or "
+        "jsonl:path=/var/log/npu.jsonl,debounce_duration_ms=50 (repeatable)",
+    )
+    limits = serve.add_argument_group("limits (management uids are exempt from the per-uid caps)")
+    limits.add_argument(
+        "--max-connections-per-uid",
+        type=_positive,
+        default=DEFAULT_MAX_CONNECTIONS_PER_UID,
+        metavar="N",
+        help=f"connections one uid may hold open (default {DEFAULT_MAX_CONNECTIONS_PER_UID})",
+    )
+    limits.add_argument(
+        "--max-requests-per-uid",
+        type=_positive,
+        default=DEFAULT_MAX_REQUESTS_PER_UID,
+        metavar="N",
+        help=f"live requests one uid may hold (default {DEFAULT_MAX_REQUESTS_PER_UID})",
+    )
+    limits.add_argument(
+        "--max-models-per-uid",
+        type=_positive,
+        default=DEFAULT_MAX_MODELS_PER_UID,
+        metavar="N",
+        help=f"models one uid may hold loaded (default {DEFAULT_MAX_MODELS_PER_UID})",
+    )
+    limits.add_argument(
+        "--max-buffered-mib",
+        type=_positive,
+        default=DEFAULT_MAX_BUFFERED_BYTES // _MIB,
+        metavar="MIB",
+        help="bytes buffered for all clients together before the largest is dropped "
+        f"(default {DEFAULT_MAX_BUFFERED_BYTES // _MIB})",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=_seconds,
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        metavar="S",
+        help="close a connection that holds nothing and says nothing for S seconds "
+        "(default 0: never)",
+    )
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="what the daemon logs to stderr (default: info)",
+    )
+
+
+def limits_of(args: argparse.Namespace) -> DaemonLimits:
+    """The daemon's limits from `serve`'s options."""
+    return DaemonLimits(
+        max_connections_per_uid=args.max_connections_per_uid,
+        max_requests_per_uid=args.max_requests_per_uid,
+        max_models_per_uid=args.max_models_per_uid,
+        max_buffered_bytes=args.max_buffered_mib * _MIB,
+        idle_timeout_s=args.idle_timeout,
+    )
+
+
+def cmd_serve(ctx: CommandContext) -> int:
+    """Serve one arbiter on the socket until SIGTERM or SIGINT."""
+    from npumanager.core.service import Service
+    from npumanager.daemon.peer import SOCKET_ENV, default_socket_path, group_id
+    from npumanager.daemon.server import Daemon
+
+    args = ctx.args
+    logging.basicConfig(stream=ctx.err, level=args.log_level.upper(), format=_LOG_FORMAT)
+    logging.captureWarnings(True)
+    path = args.socket or default_socket_path()
+    default_place = args.socket is None and not os.environ.get(SOCKET_ENV)
+    socket_group = group_id(args.socket_group) if args.socket_group else None
+    management_group = group_id(args.management_group) if args.management_group else None
+    limits = limits_of(args)
+    service = Service(
+        args.driver,
+        args.policy,
+        policy_params=policy_params(args.policy, args),
+        clock="real",
+        devices=args.devices,
+        attribution_uids=args.attribution_uid,
+        unload_grace_ms=args.unload_grace_ms,
+        registry=ctx.registry,
+    )
+    try:
+        for spec in args.sink:
+            name, options = parse_sink(spec)
+            service.add_sink(name, **options)
+        daemon = Daemon(
+            service,
+            path,
+            socket_group=socket_group,
+            management_group=management_group,
+            limits=limits,
+            create_socket_dir=default_place,
+        )
+        daemon.bind()
+    except OSError as exc:
+        service.close()
+        raise NpuManagerError(f"cannot serve on {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        service.close()
+        raise
+
+    def stop(signum: int, _frame: Any) -> None:
+        log.info("%s: shutting down", signal.Signals(signum).name)
+        daemon.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info(
+        "serving on %s: driver %s, policy %s, pid %d, up to %d connections",
+        path,
+        args.driver,
+        service.policy_name,
+        os.getpid(),
+        daemon.max_connections,
+    )
+    daemon.serve_forever()
+    log.info("stopped; every live request was completed and %s removed", path)
+    return 0

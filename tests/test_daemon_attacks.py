@@ -1,0 +1,578 @@
+"""The daemon under attack: each of the hardening issue's attacks, replayed against a real
+`npu-manager serve` by hostile clients in processes of their own uids.
+
+After each attack: the daemon is up, a well-behaved client of another uid is served, and
+(where the attack is over) the daemon's descriptors and resident memory are back near
+where they started. Round-trip latency under attack is measured by
+`benchmarks/daemon_attacks.py`, not asserted here.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import npumanager as npu
+from daemon_support import (
+    BACKGROUND_UID,
+    FOREGROUND_UID,
+    SOCKET_GID,
+    Child,
+    DaemonProcess,
+    open_socket_dir,
+    serve_command,
+)
+from npumanager.core.service import Service
+from npumanager.daemon.protocol import HELLO, FrameReader, encode
+from npumanager.daemon.server import Daemon
+from npumanager.schemas import ModelLoadStatus
+from npumanager.schemas.limits import LOG_BURST, OUTBOX_PAUSE_BYTES
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="giving client processes their own uids needs root"
+)
+
+ATTACKER = Path(__file__).with_name("daemon_attacker.py")
+ATTACK_UID = 20021
+GIB = 1 << 30
+MIB = 1 << 20
+CAN_LOAD_NOW = int(ModelLoadStatus.CAN_LOAD_NOW)
+RSS_SLACK_KIB = 8 << 10
+"""How far above its start the daemon's resident size may stay once an attack is over."""
+
+
+class Attacker:
+    """One hostile client process (see daemon_attacker.py)."""
+
+    def __init__(
+        self,
+        socket_path: Path,
+        kind: str,
+        count: int,
+        *,
+        uid: int = ATTACK_UID,
+        gid: int | None = None,
+        per: int = 1,
+        timeout: float = 120,
+    ) -> None:
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                str(ATTACKER),
+                str(socket_path),
+                str(uid),
+                str(uid if gid is None else gid),
+                str(SOCKET_GID),
+                kind,
+                str(count),
+                str(per),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        line = _readline(self.process.stdout, timeout)
+        assert line, f"the {kind} attacker ended without reporting"
+        self.report: dict[str, Any] = json.loads(line)["ready"]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            assert self.process.stdin is not None
+            self.process.stdin.write("exit\n")
+            self.process.stdin.flush()
+            self.process.wait(30)
+
+
+def _readline(stream: Any, timeout: float) -> str:
+    result: list[str] = []
+    reader = threading.Thread(target=lambda: result.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return result[0] if result else ""
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    directory = open_socket_dir()
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def serve(socket_dir: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    """Start daemons (as subprocesses) whose socket group lets the test uids in."""
+    daemons: list[DaemonProcess] = []
+
+    def start(*args: str, nofile: tuple[int, int] | None = None) -> DaemonProcess:
+        daemon = DaemonProcess(socket_dir, "--socket-group", str(SOCKET_GID), *args, nofile=nofile)
+        daemons.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in daemons:
+        if daemon.alive:
+            assert daemon.stop() == 0, daemon.log()
+
+
+@pytest.fixture
+def attackers() -> Iterator[list[Attacker]]:
+    started: list[Attacker] = []
+    yield started
+    for attacker in started:
+        attacker.close()
+
+
+@pytest.fixture
+def apps() -> Iterator[list[Child]]:
+    started: list[Child] = []
+    yield started
+    for app in started:
+        app.close()
+
+
+def attack(
+    attackers: list[Attacker], daemon: DaemonProcess, kind: str, count: int, **kw: Any
+) -> Attacker:
+    attacker = Attacker(daemon.socket, kind, count, **kw)
+    attackers.append(attacker)
+    return attacker
+
+
+def well_behaved(apps: list[Child], daemon: DaemonProcess, uid: int = FOREGROUND_UID) -> Child:
+    """A client of another uid asks for a model and is answered: the daemon serves it."""
+    app = Child(daemon.socket, uid)
+    apps.append(app)
+    assert "ready" in app.hello, app.hello
+    request_id = 1 + len(app.seen)
+    app.ok("request", id=request_id)
+    assert app.event("decision", request_id)["status"] == CAN_LOAD_NOW
+    app.ok("cancel", id=request_id)
+    app.event("complete", request_id)
+    return app
+
+
+def baseline(daemon: DaemonProcess, apps: list[Child]) -> tuple[int, int]:
+    """The daemon's descriptors and resident size once it has served a client."""
+    warm = well_behaved(apps, daemon, uid=BACKGROUND_UID)
+    warm.ok("info")
+    warm.close()
+    apps.remove(warm)
+    wait_for(lambda: daemon.open_descriptors() == _settled(daemon))
+    return daemon.open_descriptors(), daemon.rss_kib()
+
+
+def _settled(daemon: DaemonProcess) -> int:
+    time.sleep(0.05)
+    return daemon.open_descriptors()
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return check()
+
+
+def assert_recovered(daemon: DaemonProcess, start: tuple[int, int], apps: list[Child]) -> None:
+    """The attack is over: up, serving, descriptors as at the start, memory near it."""
+    fds, rss = start
+    assert daemon.alive, daemon.log()
+    for app in apps:
+        app.close()
+    apps.clear()
+    assert wait_for(lambda: daemon.open_descriptors() <= fds), (
+        f"descriptors: {daemon.open_descriptors()} open, {fds} at the start"
+    )
+    assert wait_for(lambda: daemon.rss_kib() <= rss + RSS_SLACK_KIB), (
+        f"resident size {daemon.rss_kib()} KiB, {rss} KiB at the start"
+    )
+    well_behaved(apps, daemon)
+
+
+def admin_info(daemon: DaemonProcess, **options: Any) -> dict[str, Any]:
+    with npu.DaemonClient(daemon.socket) as admin:
+        return admin.info(**options)
+
+
+# 1. Identity beyond 2**31 ----------------------------------------------------------------
+
+
+def test_a_uid_or_gid_of_2_to_the_31_or_more_cannot_stop_the_daemon(
+    serve: Callable[..., DaemonProcess], attackers: list[Attacker], apps: list[Child]
+) -> None:
+    daemon = serve()
+    huge = attack(attackers, daemon, "hello", 1, uid=4294967294, gid=4294967294)
+    (answer,) = huge.report["answers"]
+    assert answer["op"] == "error" and "uid 4294967294 is outside" in answer["message"], answer
+    big_gid = attack(attackers, daemon, "hello", 1, uid=ATTACK_UID, gid=3_000_000_000)
+    (welcome,) = big_gid.report["answers"]
+    assert welcome["op"] == "welcome" and welcome["gid"] == 3_000_000_000, welcome
+    assert daemon.alive, daemon.log()
+    well_behaved(apps, daemon)
+
+
+# 2 and 3. Another's work; more than the grant ---------------------------------------------
+
+
+def test_a_client_cannot_cancel_another_clients_work(
+    serve: Callable[..., DaemonProcess], apps: list[Child]
+) -> None:
+    daemon = serve()
+    victim, thief = Child(daemon.socket, BACKGROUND_UID), Child(daemon.socket, FOREGROUND_UID)
+    apps += [victim, thief]
+    for app in (victim, thief):
+        app.ok("request", id=1)
+        app.event("decision", 1)
+        app.ok("load", id=1, weight_bytes=MIB)
+    work = victim.ok("submit", id=1, cost_cycles=10**15)
+    reply = thief.send("cancel_work", id=1, work_id=work)
+    assert reply.get("error") == "UnknownWorkError", reply
+    assert "not live work of model" in reply["message"]
+    victim.ok("cancel_work", id=1, work_id=work)  # still the victim's, and still live
+
+
+@pytest.mark.parametrize("policy", ["budget", "pressure"])
+def test_a_client_cannot_load_more_than_its_grant(
+    serve: Callable[..., DaemonProcess], apps: list[Child], policy: str
+) -> None:
+    args = ["--policy", policy] + (["--max-budget", "5"] if policy == "budget" else [])
+    daemon = serve(*args)
+    with npu.DaemonClient(daemon.socket) as admin:
+        admin.set_uid_importance(BACKGROUND_UID, npu.IMPORTANCE_CACHED)
+        admin.set_uid_importance(FOREGROUND_UID, npu.IMPORTANCE_FOREGROUND)
+    background = Child(daemon.socket, BACKGROUND_UID)
+    apps.append(background)
+    declared = MIB if policy == "pressure" else None
+    background.ok("request", id=1, size=npu.NPU_MODEL_SIZE_LESS_THAN_1GB, weight_bytes=declared)
+    background.event("decision", 1)
+    background.ok("load", id=1, weight_bytes=declared or GIB)
+    for _ in range(5):
+        reply = background.send("load_more", id=1, weight_bytes=GIB)
+        assert reply.get("error") == "CapacityError", reply
+        assert "request 1 was granted" in reply["message"], reply
+    foreground = Child(daemon.socket, FOREGROUND_UID)
+    apps.append(foreground)
+    foreground.ok("request", id=2, size=npu.NPU_MODEL_SIZE_GREATER_THAN_2G)
+    assert foreground.event("decision", 2)["status"] == CAN_LOAD_NOW
+    foreground.ok("load", id=2, weight_bytes=4 * GIB)
+    device = admin_info(daemon)["devices"][0]
+    assert device["weight_memory_used_bytes"] == (declared or GIB) + 4 * GIB
+
+
+# 4. Descriptors ---------------------------------------------------------------------------
+
+
+def test_one_uid_cannot_take_every_descriptor(
+    serve: Callable[..., DaemonProcess], attackers: list[Attacker], apps: list[Child]
+) -> None:
+    daemon = serve(nofile=(256, 256))
+    start = baseline(daemon, apps)
+    hog = attack(attackers, daemon, "connections", 300)
+    assert hog.report["held"] == 64, hog.report
+    assert hog.report["refusal"]["kind"] == "QuotaExceededError", hog.report
+    assert "--max-connections-per-uid" in hog.report["refusal"]["message"]
+    well_behaved(apps, daemon)
+    assert admin_info(daemon)["daemon"]["refused"] == 300 - 64
+    hog.close()
+    assert_recovered(daemon, start, apps)
+
+
+def test_many_uids_fill_the_daemon_but_management_always_gets_in(
+    serve: Callable[..., DaemonProcess], attackers: list[Attacker]
+) -> None:
+    daemon = serve("--max-connections-per-uid", "1000", nofile=(256, 256))
+    hogs = [attack(attackers, daemon, "connections", 150, uid=ATTACK_UID + i) for i in range(2)]
+    held = sum(h.report["held"] for h in hogs)
+    info = admin_info(daemon)  # root: management, past the limit
+    assert held == info["daemon"]["max_connections"] == 256 - 32 - 16
+    assert hogs[1].report["refusal"]["message"].startswith("the daemon is at its limit")
+
+
+@pytest.mark.skipif(
+    resource.getrlimit(resource.RLIMIT_NOFILE)[1] < 2048, reason="needs a hard limit of 2048"
+)
+def test_the_daemon_raises_its_descriptor_limit_to_the_hard_limit(
+    serve: Callable[..., DaemonProcess],
+) -> None:
+    daemon = serve(nofile=(128, 2048))
+    limits = Path(f"/proc/{daemon.process.pid}/limits").read_text()
+    line = next(row for row in limits.splitlines() if row.startswith("Max open files"))
+    assert line.split()[3:5] == ["2048", "2048"], line
+    assert admin_info(daemon)["daemon"]["max_connections"] == 2048 - 32 - 16
+
+
+def test_an_idle_connection_is_closed_after_the_idle_timeout(
+    serve: Callable[..., DaemonProcess], apps: list[Child]
+) -> None:
+    daemon = serve("--idle-timeout", "0.3")
+    busy = Child(daemon.socket, BACKGROUND_UID)
+    apps.append(busy)
+    busy.ok("request", id=1)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle:
+        idle.settimeout(10)
+        idle.connect(str(daemon.socket))
+        idle.sendall(encode(HELLO))
+        frames = _read_until_closed(idle)
+    assert [f["op"] for f in frames] == ["welcome", "error"], frames
+    assert "idle for 0.3 s" in frames[1]["message"]
+    assert busy.ok("info")["request_counts"]["granted"] == 1, "a client holding a request stays"
+
+
+def _read_until_closed(sock: socket.socket) -> list[dict[str, Any]]:
+    reader, frames = FrameReader(), []
+    while chunk := sock.recv(65536):
+        frames += [json.loads(body) for body in reader.feed(chunk)]
+    return frames
+
+
+# 5 and 6. Memory --------------------------------------------------------------------------
+
+
+def test_partial_frames_are_held_to_the_buffer_budget_and_memory_comes_back(
+    serve: Callable[..., DaemonProcess], attackers: list[Attacker], apps: list[Child]
+) -> None:
+    daemon = serve("--max-buffered-mib", "32", "--max-connections-per-uid", "1000")
+    start = baseline(daemon, apps)
+    flood = attack(attackers, daemon, "partial", 200)
+    assert daemon.rss_kib() < start[1] + (32 + 32) * 1024, "buffers stay within the budget"
+    assert admin_info(daemon)["daemon"]["dropped_over_budget"] >= 200 - 32
+    flood.close()
+    assert_recovered(daemon, start, apps)
+
+
+def test_clients_that_never_read_are_not_served_until_they_read(
+    serve: Callable[..., DaemonProcess], attackers: list[Attacker], apps: list[Child]
+) -> None:
+    daemon = serve()
+    start = baseline(daemon, apps)
+    readers = attack(attackers, daemon, "no_read", 12, per=6000)
+    assert wait_for(lambda: admin_info(daemon)["daemon"]["backpressure_pauses"] >= 12)
+    stats = admin_info(daemon)["daemon"]
+    # Each holds at most its pause threshold of replies, one slice more, one read of frames.
+    assert stats["buffered_bytes"] <= 12 * (OUTBOX_PAUSE_BYTES + 192 * 1024), stats
+    assert stats["dropped_slow"] == 0, "paused, not dropped: they may still read"
+    well_behaved(apps, daemon)
+    readers.close()
+    assert_recovered(daemon, start, apps)
+
+
+def test_one_uid_cannot_hold_more_live_requests_than_its_cap(
+    serve: Callable[..., DaemonProcess], attackers: list[Attacker], apps: list[Child]
+) -> None:
+    daemon = serve()
+    start = baseline(daemon, apps)
+    hoarder = attack(attackers, daemon, "requests", 3000)
+    assert hoarder.report["errors"] == {"QuotaExceededError": 3000 - 1024}, hoarder.report
+    assert sum(admin_info(daemon)["request_counts"].values()) == 1024
+    hoarder.close()
+    assert_recovered(daemon, start, apps)
+
+
+def test_a_silent_connection_pins_nobody_elses_buffers(
+    serve: Callable[..., DaemonProcess], attackers: list[Attacker], apps: list[Child]
+) -> None:
+    daemon = serve()
+    start = baseline(daemon, apps)
+    attack(attackers, daemon, "silent", 1)
+    attack(attackers, daemon, "send_and_close", 150)
+    # Well within the silent one's 10 s hello timeout: the others are gone, and so are theirs.
+    assert wait_for(lambda: daemon.rss_kib() <= start[1] + RSS_SLACK_KIB, timeout=5), (
+        f"resident size {daemon.rss_kib()} KiB, {start[1]} KiB at the start"
+    )
+    assert admin_info(daemon)["daemon"]["connections"] == 2  # the silent one and the admin
+
+
+def test_a_dropped_connection_is_freed_at_once_without_the_garbage_collector(
+    socket_dir: Path,
+) -> None:
+    service = Service("vnpu", "status_quo", clock="real")
+    daemon = Daemon(service, socket_dir / "npu.sock")
+    daemon.bind()
+    thread = threading.Thread(target=daemon.serve_forever)
+    thread.start()
+    gc.disable()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(daemon.socket_path))
+            client.sendall(encode(HELLO))
+            assert wait_for(lambda: len(daemon._connections) == 1)
+            connection = weakref.ref(next(iter(daemon._connections.values())))
+        assert wait_for(lambda: not daemon._connections)
+        assert wait_for(lambda: connection() is None, timeout=2), gc.get_referrers(connection())
+    finally:
+        gc.enable()
+        daemon.stop()
+        thread.join(20)
+
+
+# 7 and 8. Info at any size, and floods of it ---------------------------------------------
+
+
+def test_info_stays_useful_past_eight_thousand_live_requests(
+    serve: Callable[..., DaemonProcess], attackers: list[Attacker]
+) -> None:
+    daemon = serve("--max-requests-per-uid", "20000")
+    attack(attackers, daemon, "requests", 9000)
+    command = [sys.executable, "-m", "npumanager", "info", "--socket", str(daemon.socket)]
+    shown = subprocess.run(
+        [*command, "--json"], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0, shown.stderr
+    document = json.loads(shown.stdout)
+    assert document["request_counts"]["granted"] == 9000
+    assert len(document["requests"]["granted"]) == 100, "a summary by default"
+    paged = subprocess.run(
+        [*command, "--json", "--limit", "500", "--offset", "8900"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert [r["id"] for r in json.loads(paged.stdout)["requests"]["granted"]] == list(
+        range(8900, 9000)
+    )
+    text = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
+    assert "9000 live requests in all: 9000 granted" in text.stdout, text.stdout
+
+
+def test_a_flood_of_info_is_answered_from_a_snapshot(
+    serve: Callable[..., DaemonProcess], attackers: list[Attacker], apps: list[Child]
+) -> None:
+    daemon = serve()
+    before = admin_info(daemon)["daemon"]["info_snapshots"]
+    flood = attack(attackers, daemon, "flood_info", 5000)
+    assert flood.report["answered"] == 5000
+    taken = admin_info(daemon)["daemon"]["info_snapshots"] - before
+    assert taken <= 4 + flood.report["seconds"] / 0.25, (taken, flood.report)
+    well_behaved(apps, daemon)
+
+
+# 9. Shutdown ------------------------------------------------------------------------------
+
+
+def test_shutdown_takes_a_bounded_time_whatever_the_clients_do(
+    serve: Callable[..., DaemonProcess], attackers: list[Attacker]
+) -> None:
+    daemon = serve()
+    attack(attackers, daemon, "no_read", 30, per=400)
+    assert admin_info(daemon)["daemon"]["buffered_bytes"] > 0, "replies wait unread"
+    started = time.monotonic()
+    assert daemon.stop(timeout=30) == 0
+    assert time.monotonic() - started < 15, "30 clients that never read held shutdown up"
+
+
+# 10. The socket's files ------------------------------------------------------------------
+
+
+def _serve_once(
+    socket_path: Path, *args: str, prefix: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*prefix, *serve_command(socket_path, *args)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_planted_lock_symlink_is_refused_and_not_followed(socket_dir: Path) -> None:
+    target = socket_dir / "owned-by-root"
+    (socket_dir / "npu.sock.lock").symlink_to(target)
+    result = _serve_once(socket_dir / "npu.sock")
+    assert result.returncode == 2, result
+    assert "npu.sock.lock is a symbolic link" in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert not target.exists() and not (socket_dir / "npu.sock").exists()
+
+
+def test_a_lock_file_of_another_owner_is_refused(socket_dir: Path) -> None:
+    lock = socket_dir / "npu.sock.lock"
+    lock.touch()
+    os.chown(lock, BACKGROUND_UID, BACKGROUND_UID)
+    result = _serve_once(socket_dir / "npu.sock")
+    assert result.returncode == 2 and "not a regular file owned by uid 0" in result.stderr
+
+
+def test_a_clean_exit_removes_the_socket_and_the_lock(
+    serve: Callable[..., DaemonProcess], socket_dir: Path
+) -> None:
+    daemon = serve()
+    assert (socket_dir / "npu.sock.lock").exists()
+    assert daemon.stop() == 0
+    assert not (socket_dir / "npu.sock").exists()
+    assert not (socket_dir / "npu.sock.lock").exists()
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux's setpriv")
+def test_a_socket_group_that_cannot_be_set_leaves_no_socket(socket_dir: Path) -> None:
+    # Root without CAP_CHOWN may give a file only a group it is in, as any other user.
+    no_chown = ("setpriv", "--bounding-set", "-chown")
+    result = _serve_once(
+        socket_dir / "npu.sock", "--socket-group", str(SOCKET_GID), prefix=no_chown
+    )
+    assert result.returncode == 2, result
+    assert "cannot set the group of" in result.stderr
+    assert list(socket_dir.iterdir()) == [], "no socket and no lock left behind"
+
+
+def test_a_missing_socket_directory_is_an_error(socket_dir: Path) -> None:
+    result = _serve_once(socket_dir / "no" / "such" / "npu.sock")
+    assert result.returncode == 2
+    assert "does not exist; create it or choose --socket" in result.stderr
+    assert not (socket_dir / "no").exists()
+
+
+# 11. What info shows, and what the log says ----------------------------------------------
+
+
+def test_info_shows_a_plain_client_its_own_details_and_counts_for_the_rest(
+    serve: Callable[..., DaemonProcess], apps: list[Child]
+) -> None:
+    daemon = serve()
+    mine, theirs = Child(daemon.socket, FOREGROUND_UID), Child(daemon.socket, BACKGROUND_UID)
+    apps += [mine, theirs]
+    with npu.DaemonClient(daemon.socket) as admin:
+        admin.set_uid_importance(BACKGROUND_UID, npu.IMPORTANCE_CACHED)
+        admin.set_uid_importance(FOREGROUND_UID, npu.IMPORTANCE_FOREGROUND)
+    for app in (mine, theirs):
+        app.ok("request", id=5)
+        app.event("decision", 5)
+    info = mine.ok("info")
+    assert {c["uid"] for c in info["clients"]} == {FOREGROUND_UID}
+    assert info["clients_total"] == 2
+    assert {c["uid"] for c in info["priorities"]} == {FOREGROUND_UID}
+    assert info["priorities_total"] >= 2
+    assert {r["uid"] for r in info["requests"]["granted"]} == {FOREGROUND_UID}
+    assert info["request_counts"]["granted"] == 2
+    assert info["page"]["scope"] == "own"
+    every = admin_info(daemon)
+    assert {c["uid"] for c in every["clients"]} >= {FOREGROUND_UID, BACKGROUND_UID}
+
+
+def test_log_lines_caused_by_clients_are_rate_limited(
+    serve: Callable[..., DaemonProcess], attackers: list[Attacker]
+) -> None:
+    daemon = serve()
+    attack(attackers, daemon, "garbage", 100)
+    assert daemon.stop() == 0
+    closing = [line for line in daemon.log().splitlines() if "closing uid" in line]
+    assert LOG_BURST <= len(closing) <= LOG_BURST + 1, closing
