@@ -146,7 +146,13 @@ class Service:
             )
         if DriverCapability.REAL_TIME in record.capabilities:
             options.setdefault("clock", self.clock)
-        made: Driver = record.factory(devices, **options)
+        made = record.factory(devices, **options)
+        if not isinstance(made, Driver):
+            missing = [n for n in vars(Driver) if not n.startswith("_") and not hasattr(made, n)]
+            raise IllegalArgumentError(
+                f"driver {driver!r} built a {type(made).__name__}, which is not a Driver: "
+                f"it lacks {', '.join(missing)} (see npumanager.core.driver.Driver)"
+            )
         return made
 
     def _make_policy(

@@ -158,7 +158,6 @@ class EngineDriver(DriverBase):
         self.specs = device_specs(devices)
         self.max_live_work = check_int("max_live_work", max_live_work, 1, 1 << 24)
         self.max_models = check_int("max_models", max_models, 1, 1 << 20)
-        self._retained: list[WorkEvent] = []
         self._closed = False
         self.engine = self._make_engine()
 
@@ -324,17 +323,7 @@ class EngineDriver(DriverBase):
 
     def pump(self) -> None:
         """Deliver the engine's new events to the callback, or keep them for `take_events`."""
-        events = self.engine.take_events()
-        if self.has_callback:
-            self._emit(events, self.now_us)
-        else:
-            self._retained.extend(events)
-
-    def take_events(self) -> list[WorkEvent]:
-        """Raw events kept while no callback was registered, oldest first; clears them."""
-        self.pump()
-        events, self._retained = self._retained, []
-        return events
+        self._hand_over(self.engine.take_events(), self.now_us)
 
     def idle(self) -> bool:
         """True when no work is live and no arrival is pending: time alone changes nothing."""

@@ -407,10 +407,7 @@ class OnnxRuntimeDriver(EngineDriver):
             self._sync()
             events = self.engine.take_events()
             self._run_completed(events)
-            if self.has_callback:
-                self._emit(events, self.engine.now_us())
-            else:
-                self._retained.extend(events)
+            self._hand_over(events, self.engine.now_us())
 
     def _run_completed(self, events: Sequence[WorkEvent]) -> None:
         for event in events:
