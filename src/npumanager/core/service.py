@@ -42,6 +42,7 @@ from npumanager.errors import (
 )
 from npumanager.schemas import DriverCapability, ModelLoadRequest, ModelPolicy
 from npumanager.schemas.limits import (
+    DEFAULT_RUN_UNTIL_IDLE_MS,
     DEFAULT_SINK_QUEUE_EVENTS,
     DEFAULT_UNLOAD_GRACE_MS,
     INT32_MAX,
@@ -301,7 +302,7 @@ class Service:
                 return self.arbiter.next_deadline_ms() is None
         return self._virtual.quiescent()
 
-    def run_until_idle(self, max_ms: int = 60_000) -> None:
+    def run_until_idle(self, max_ms: int = DEFAULT_RUN_UNTIL_IDLE_MS) -> None:
         """Virtual time: advance until the driver is idle and no decision is due."""
         self._virtual_time("run_until_idle").run_until_idle(max_ms)
 
