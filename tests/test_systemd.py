@@ -79,6 +79,20 @@ def activated(socket_path: Path, notify: str, *extra_env: str) -> subprocess.Pop
     )
 
 
+def stop(process: subprocess.Popen[bytes], listener: NotifyListener) -> None:
+    """SIGTERM: the daemon says STOPPING=1 and exits cleanly."""
+    process.send_signal(signal.SIGTERM)
+    listener.wait_for("STOPPING=1")
+    assert process.wait(30) == 0
+
+
+def reap(process: subprocess.Popen[bytes]) -> str:
+    """Kill the process if it is still running; its stderr."""
+    if process.poll() is None:
+        process.kill()
+    return process.communicate()[1].decode()
+
+
 @needs_activate
 def test_socket_activation_serves_the_inherited_socket_and_notifies(socket_dir: Path) -> None:
     path = socket_dir / "npu.sock"
@@ -98,13 +112,9 @@ def test_socket_activation_serves_the_inherited_socket_and_notifies(socket_dir: 
         assert f"MAINPID={process.pid}" in ready and f"STATUS=serving on {path}" in ready
         listener.collect(0.6)  # WATCHDOG_USEC of 0.2 s: a WATCHDOG=1 every 0.1 s
         assert listener.count("WATCHDOG=1") >= 3, listener.messages
-        process.send_signal(signal.SIGTERM)
-        listener.wait_for("STOPPING=1")
-        assert process.wait(30) == 0
+        stop(process, listener)
     finally:
-        if process.poll() is None:
-            process.kill()
-        stderr = process.communicate()[1].decode()
+        stderr = reap(process)
     assert "serving the socket systemd passed" in stderr, stderr
     assert path.exists(), "an inherited socket belongs to its socket unit: it is left in place"
 
@@ -120,13 +130,9 @@ def test_an_abstract_notify_socket_is_used(socket_dir: Path) -> None:
         while not answers(path) and time.monotonic() < deadline:
             time.sleep(0.05)
         listener.wait_for("READY=1")
-        process.send_signal(signal.SIGTERM)
-        listener.wait_for("STOPPING=1")
-        assert process.wait(30) == 0
+        stop(process, listener)
     finally:
-        if process.poll() is None:
-            process.kill()
-        process.communicate()
+        reap(process)
 
 
 def test_notify_addresses() -> None:
