@@ -49,47 +49,6 @@ static int map_init(map_t *m, int64_t entries) {
     return VNPU_OK;
 }
 
-static uint64_t map_home(const map_t *m, int64_t key) {
-    return ((uint64_t)key * UINT64_C(0x9E3779B97F4A7C15)) >> m->shift;
-}
-
-int32_t map_get(const map_t *m, int64_t key) {
-    if (key <= 0 || !m->tab) return NO_SLOT;
-    for (uint64_t i = map_home(m, key);; i = (i + 1) & m->mask) {
-        if (m->tab[i].key == key) return m->tab[i].val;
-        if (m->tab[i].key == 0) return NO_SLOT;
-    }
-}
-
-void map_put(map_t *m, int64_t key, int32_t val) {
-    uint64_t i = map_home(m, key);
-    while (m->tab[i].key != 0 && m->tab[i].key != key) i = (i + 1) & m->mask;
-    m->tab[i].key = key;
-    m->tab[i].val = val;
-}
-
-/* Deletion by backward shift: later entries of the cluster move up so probes still work. */
-void map_del(map_t *m, int64_t key) {
-    uint64_t i = map_home(m, key);
-    while (m->tab[i].key != key) {
-        if (m->tab[i].key == 0) return;
-        i = (i + 1) & m->mask;
-    }
-    uint64_t j = i;
-    for (;;) {
-        j = (j + 1) & m->mask;
-        if (m->tab[j].key == 0) break;
-        uint64_t k = map_home(m, m->tab[j].key);
-        /* Move j into the hole at i unless j's home lies cyclically in (i, j]. */
-        int stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
-        if (!stays) {
-            m->tab[i] = m->tab[j];
-            i = j;
-        }
-    }
-    m->tab[i].key = 0;
-}
-
 /* ---------------------------------------------------------------------------------------
  * Events
  * ------------------------------------------------------------------------------------- */
