@@ -203,6 +203,7 @@ def test_a_real_time_service_runs_on_it_polling_a_driver_with_no_file_descriptor
             lambda events: ended.extend(e for e in events if e.kind == EventKind.ENDED)
         )
         app = svc.manager(10001, uses_feature=True)
+        assert app.backend is svc.backend
         loads = Loads(app)
         app.request_can_load_model(ModelLoadRequest.Builder(1).build(), loads)
         assert loads.granted.wait(5)
