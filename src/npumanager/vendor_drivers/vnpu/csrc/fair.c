@@ -48,8 +48,9 @@ static int64_t clamp_add(int64_t a, int64_t dt, int64_t rate, int64_t lo, int64_
     return dt > (a - lo) / -rate ? lo : a + dt * rate;
 }
 
-/* fold, past its fast path: d->fair and t differs from d->folded_us. A virtual runtime
- * grows by at most 2100 a microsecond, so int64 holds over 100 years of device time. */
+/* fold, past its fast path: d->fair and t differs from d->folded_us. A running job adds
+ * at most 2100 a microsecond to its flow, so int64 holds two years of one uid keeping
+ * all 64 channels busy (the Python reference has no such bound). */
 void fold_since(vnpu_handle *h, device_t *d, int64_t t) {
     int64_t dt = t - d->folded_us;
     for (int32_t c = 0; c < d->nch; c++) {
