@@ -693,3 +693,14 @@ def test_daemon_verbs_check_the_socket_and_give_up_after_their_timeout(socket_di
         assert time.monotonic() - started < 20, "it gave up long before the 30 s default"
     finally:
         silent.close()
+
+
+def test_an_undeclared_feature_is_one_clean_log_line(start: Callable[..., DaemonProcess]) -> None:
+    daemon = start()
+    request = {"op": "request", "seq": 1, "request": {"id": 1, "size": 0, "priority": 0}}
+    _raw_exchange(daemon.socket, [HELLO, _frame(request)], expect=3)
+    assert daemon.stop() == 0
+    lines = [line for line in daemon.log().splitlines() if "without declaring" in line]
+    assert len(lines) == 1, daemon.log()
+    assert "FeatureWarning: uid 0 uses the NPU without declaring the feature" in lines[0]
+    assert "warnings.warn" not in daemon.log() and ".py:" not in daemon.log()
