@@ -16,8 +16,8 @@ def write(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def test_defaults_when_no_file(tmp_path: Path) -> None:
-    loaded = load_config(tmp_path / "absent.toml", environ={})
+def test_defaults_when_no_file() -> None:
+    loaded = load_config(environ={})
     assert not loaded.file_found
     assert loaded.config.plugins.strict is False
     assert all(source == "default" for _, _, source in loaded.rows())
@@ -83,11 +83,39 @@ def test_bad_file_names_file_key_and_what_is_allowed(
 
 
 @pytest.mark.parametrize("value", ["1", "true", "YES", "on"])
-def test_strict_env_true(tmp_path: Path, value: str) -> None:
-    loaded = load_config(tmp_path / "none.toml", environ={"NPUMANAGER_STRICT_PLUGINS": value})
+def test_strict_env_true(value: str) -> None:
+    loaded = load_config(environ={"NPUMANAGER_STRICT_PLUGINS": value})
     assert loaded.config.plugins.strict is True
 
 
-def test_strict_env_rejects_nonsense(tmp_path: Path) -> None:
+def test_strict_env_rejects_nonsense() -> None:
     with pytest.raises(ConfigError, match="NPUMANAGER_STRICT_PLUGINS: must be 1 or 0"):
-        load_config(tmp_path / "none.toml", environ={"NPUMANAGER_STRICT_PLUGINS": "maybe"})
+        load_config(environ={"NPUMANAGER_STRICT_PLUGINS": "maybe"})
+
+
+def test_a_missing_file_is_an_error_however_it_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.toml"
+    with pytest.raises(ConfigError, match=r"missing.toml: no such file \(named by --config\)"):
+        load_config(missing, environ={})
+    with pytest.raises(ConfigError, match=r"no such file \(named by NPUMANAGER_CONFIG\)"):
+        load_config(environ={"NPUMANAGER_CONFIG": str(missing)})
+
+
+def test_a_directory_is_an_error_however_it_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is a directory, not a TOML file"):
+        load_config(tmp_path, environ={})
+    with pytest.raises(ConfigError, match="is a directory, not a TOML file"):
+        load_config(environ={"NPUMANAGER_CONFIG": str(tmp_path)})
+
+
+def test_no_home_and_no_passwd_entry_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pwd
+
+    def no_entry(uid: int) -> pwd.struct_passwd:
+        raise KeyError(uid)
+
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    with pytest.raises(ConfigError, match="no home directory .* set HOME, or NPUMANAGER_CONFIG"):
+        load_config(environ={})

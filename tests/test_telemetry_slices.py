@@ -82,14 +82,14 @@ def test_the_progress_bar_appears_only_after_a_second_and_is_cleared() -> None:
         clock.now = t / 1000
         update(t)
     assert stream.getvalue() == "" and not bar.shown
-    clock.now = 1.5
+    clock.now = 3.0
     bar.stage("managed", 500)(249)
-    assert stream.getvalue() == "\rmanaged [" + "#" * 22 + " " * 8 + "]  75%"
-    clock.now = 1.55
+    assert stream.getvalue() == "\rmanaged [" + "#" * 22 + " " * 8 + "]  75%, about 1 s left"
+    clock.now = 3.05
     update(300)
     assert stream.getvalue().count("\r") == 1, "redrawn at most every 0.1 s"
     bar.finish()
-    width = len("managed [") + 30 + len("]  75%")
+    width = len("managed [") + 30 + len("]  75%, about 1 s left")
     assert stream.getvalue().endswith("\r" + " " * width + "\r") and not bar.shown
 
 
@@ -100,3 +100,11 @@ def test_a_short_run_prints_nothing_at_all() -> None:
         bar.update(t)
     bar.finish()
     assert stream.getvalue() == ""
+
+
+def test_the_estimate_counts_minutes_from_the_pace_so_far() -> None:
+    clock, stream = FakeClock(), io.StringIO()
+    bar = ProgressBar(1000, stream, clock=clock)
+    clock.now = 100.0
+    bar.update(99)
+    assert stream.getvalue().endswith("]  10%, about 15 min 0 s left")

@@ -7,12 +7,15 @@ code 2; only a bug in npu-manager itself produces a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
+import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from npumanager import __version__
 from npumanager.core.config import LoadedConfig, load_config
@@ -25,6 +28,17 @@ from npumanager.tables import format_table
 
 PROG = "npu-manager"
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+"""What a shell reports for a command ended by Ctrl-C (128 + SIGINT)."""
+_FULL_DISK = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
+"""Errors of writing the output that are the machine's state, not a bug."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose mistakes are one line and a hint to --help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
 class _Context:
@@ -192,7 +206,7 @@ def _show(value: Any) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Arbitrate a neural accelerator between the apps that want it.",
     )
@@ -251,12 +265,30 @@ def main(
     ctx = _Context(args, out, err)
     try:
         code: int = args.handler(ctx)
+        out.flush()
     except NpuManagerError as exc:
         print(f"{PROG}: error: {exc}", file=err)
         return EXIT_USAGE
     except BrokenPipeError:
+        _drop_output(out)
         return 0
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=err)
+        return EXIT_INTERRUPTED
+    except OSError as exc:
+        if exc.errno not in _FULL_DISK:
+            raise
+        print(f"{PROG}: error: cannot write the output: {exc.strerror}", file=err)
+        _drop_output(out)
+        return EXIT_USAGE
     return code
+
+
+def _drop_output(out: TextIO) -> None:
+    """Point standard output at /dev/null, so the interpreter's last flush cannot fail again."""
+    if out is sys.stdout:
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def entry() -> None:

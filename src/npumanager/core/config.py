@@ -1,13 +1,13 @@
 """The configuration file: where it is, what it may hold, and where each value came from.
 
 The file is TOML at `platformdirs.user_config_dir("npu-manager")/config.toml`, or the
-path in `NPUMANAGER_CONFIG`. Environment variables override the file.
+path in `NPUMANAGER_CONFIG` or `--config`. A file named either way must exist; the
+per-user one may be missing (defaults apply). Environment variables override the file.
 """
 
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +16,9 @@ from typing import Any
 import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from npumanager.core.tomlfile import file_kind, read_toml
 from npumanager.errors import ConfigError
+from npumanager.userdirs import user_dir
 
 APP_NAME = "npu-manager"
 CONFIG_ENV = "NPUMANAGER_CONFIG"
@@ -80,24 +82,25 @@ def default_config_path(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     if override := env.get(CONFIG_ENV):
         return Path(override)
-    return Path(platformdirs.user_config_dir(APP_NAME)) / CONFIG_FILE_NAME
+    return user_dir(platformdirs.user_config_dir, f"{CONFIG_ENV} or --config") / CONFIG_FILE_NAME
 
 
 def load_config(path: Path | None = None, environ: Mapping[str, str] | None = None) -> LoadedConfig:
     """Read, merge and validate the configuration; a bad value raises `ConfigError`."""
     env = os.environ if environ is None else environ
+    named_by = "--config" if path is not None else CONFIG_ENV if env.get(CONFIG_ENV) else None
     path = path or default_config_path(env)
     data: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    file_found = path.is_file()
+    file_found = file_kind(path) != "missing"
     if file_found:
-        data = _read_toml(path)
+        data = read_toml(path)
         for section, values in data.items():
             if isinstance(values, dict):
                 for key in values:
                     sources[f"{section}.{key}"] = f"file {path}"
-    elif CONFIG_ENV in env:
-        raise ConfigError(f"{path}: no such file (named by {CONFIG_ENV})")
+    elif named_by is not None:
+        raise ConfigError(f"{path}: no such file (named by {named_by})")
     try:
         Config.model_validate(data)
     except ValidationError as exc:
@@ -113,16 +116,6 @@ def load_config(path: Path | None = None, environ: Mapping[str, str] | None = No
     except ValidationError as exc:
         raise ConfigError(f"environment: {_describe(exc)}") from None
     return LoadedConfig(config, path, file_found, sources)
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read: {exc.strerror}") from None
 
 
 def _parse_env(var: str, raw: str, key: str) -> Any:

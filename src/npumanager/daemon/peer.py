@@ -13,6 +13,7 @@ from pathlib import Path
 import platformdirs
 
 from npumanager.errors import NpuManagerError
+from npumanager.userdirs import user_dir
 
 APP_NAME = "npu-manager"
 SOCKET_NAME = "npu.sock"
@@ -77,7 +78,9 @@ def user_socket_path() -> Path:
     """`npu-manager/npu.sock` in the user's runtime directory: where `serve` listens."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
-        return Path(platformdirs.user_runtime_dir(APP_NAME)) / SOCKET_NAME
+        return (
+            user_dir(platformdirs.user_runtime_dir, "NPUMANAGER_SOCKET or --socket") / SOCKET_NAME
+        )
 
 
 def default_socket_path() -> Path:

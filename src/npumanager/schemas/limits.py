@@ -186,3 +186,17 @@ SHUTDOWN_FLUSH_S: Final = 2.0
 LOG_BURST: Final = 10
 """Lines one kind of client-caused log message may print per `LOG_WINDOW_S`."""
 LOG_WINDOW_S: Final = 10.0
+
+MAX_TOML_FILE_BYTES: Final = 4 << 20
+"""The largest config or scenario file read; a longer one is refused before it is parsed."""
+MAX_TOML_DEPTH: Final = 32
+"""Tables and arrays a config or scenario file may nest inside one another."""
+MAX_SCENARIO_APPS: Final = 256
+"""Apps one scenario may hold: each is stepped every virtual millisecond of both runs."""
+MAX_SCENARIO_APP_MS: Final = 4_000_000
+"""Apps times duration (ms) one scenario may ask for: the per-millisecond stepping work, about
+a minute of wall time for both runs."""
+MAX_SCENARIO_JOBS: Final = 150_000
+"""Jobs one run of a scenario may bring (an upper bound from periods, bursts and loop costs):
+each job's events are kept for the table, trace and picture, about 3 KiB a job, so both runs
+stay within about 1 GiB."""

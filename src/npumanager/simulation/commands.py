@@ -10,9 +10,10 @@ on stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
@@ -152,12 +153,14 @@ def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str]) 
     if args.trace is not None:
         from npumanager.telemetry.perfetto import write_trace
 
-        write_trace(args.trace, [sink for _, sink in results.values() if sink is not None])
+        with _writing(args.trace):
+            write_trace(args.trace, [sink for _, sink in results.values() if sink is not None])
         written.append(f"trace: {args.trace} (open it at ui.perfetto.dev)")
     if args.plot is not None:
         from npumanager.simulation.plot import draw_timeline
 
-        draw_timeline([result for result, _ in results.values()], scenario, args.plot)
+        with _writing(args.plot):
+            draw_timeline([result for result, _ in results.values()], scenario, args.plot)
         written.append(f"timeline: {args.plot}")
     metrics = {mode: result.metrics.as_dict() for mode, (result, _) in results.items()}
     if args.json:
@@ -205,6 +208,15 @@ def _run(
     finally:
         bar.finish()
     return results
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """A failed write of `path` (a full disk) is one line naming the file."""
+    try:
+        yield
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be written: {exc.strerror}") from None
 
 
 def _check_writable(path: Path) -> None:

@@ -1,7 +1,8 @@
 """A progress bar on a text stream, shown only once a run has lasted a while in wall time.
 
-Short runs print nothing; a long one draws `label [#####     ] 42%` in place (carriage
-returns), at most every `PROGRESS_REDRAW_S`, and clears the line when it is done.
+Short runs print nothing; a long one draws `label [#####     ]  42%, about 12 s left` in
+place (carriage returns), the estimate from the pace so far, at most every
+`PROGRESS_REDRAW_S`, and clears the line when it is done.
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ class ProgressBar:
         self._drawn_at = now
         fraction = min(1.0, (self._base + done + 1) / self.total)
         filled = round(fraction * BAR_WIDTH)
-        line = f"{self.label} [{'#' * filled}{' ' * (BAR_WIDTH - filled)}] {fraction:4.0%}"
+        left = (now - self._started) * (1 - fraction) / fraction
+        line = (
+            f"{self.label} [{'#' * filled}{' ' * (BAR_WIDTH - filled)}] {fraction:4.0%}"
+            f", about {_duration(left)} left"
+        )
         self._width = max(self._width, len(line))
         self.stream.write("\r" + line.ljust(self._width))
         self.stream.flush()
@@ -63,3 +68,11 @@ class ProgressBar:
             self.stream.write("\r" + " " * self._width + "\r")
             self.stream.flush()
             self.shown = False
+
+
+def _duration(seconds: float) -> str:
+    """`12 s`, `3 min 5 s`: an estimate to the second."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    return f"{whole // 60} min {whole % 60} s"

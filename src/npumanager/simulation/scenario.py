@@ -7,16 +7,22 @@ compute at the device's full clock, sizes in bytes. Names of enums are the platf
 
 from __future__ import annotations
 
-import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from npumanager.core.tomlfile import read_toml
 from npumanager.errors import ConfigError
 from npumanager.schemas import Importance, ModelPriority, ModelSize
 from npumanager.schemas.device import DeviceSpec
+from npumanager.schemas.limits import (
+    MAX_BURST,
+    MAX_SCENARIO_APP_MS,
+    MAX_SCENARIO_APPS,
+    MAX_SCENARIO_JOBS,
+)
 
 _GIB = 1 << 30
 
@@ -48,7 +54,7 @@ class Work(_Model):
     kind: Literal["periodic", "loop", "burst"]
     cost_us: Positive
     period_ms: Positive = 1000
-    burst: Positive = 1
+    burst: Annotated[int, Field(gt=0, le=MAX_BURST)] = 1
     job_priority: Annotated[int, Field(ge=0, le=1000)] = 0
     deadline_ms: Positive | None = None
     """A job that takes longer than this from arrival to completion misses its deadline."""
@@ -163,6 +169,36 @@ class Scenario(_Model):
         """The app of that name."""
         return next(app for app in self.apps if app.name == name)
 
+    def estimated_jobs(self, app: App) -> int:
+        """An upper bound of the jobs `app` brings in one run: arrivals, or loops back to back."""
+        span = max(0, (app.stop_ms or self.duration_ms) - app.start_ms)
+        work = app.work
+        if work.kind == "loop":
+            return (span * 1000 // work.cost_us + 1) * work.burst
+        return -(-span // work.period_ms) * work.burst
+
+
+def check_budget(scenario: Scenario, origin: str) -> None:
+    """Refuse, before any run, a scenario that would take more than the documented budget."""
+    apps = len(scenario.apps)
+    if apps > MAX_SCENARIO_APPS:
+        raise ConfigError(f"{origin}: apps: {apps} apps; the limit is {MAX_SCENARIO_APPS}")
+    app_ms = apps * scenario.duration_ms
+    if app_ms > MAX_SCENARIO_APP_MS:
+        raise ConfigError(
+            f"{origin}: duration_ms: {apps} apps for {scenario.duration_ms} ms is {app_ms} "
+            f"app-milliseconds to step; the limit is {MAX_SCENARIO_APP_MS} (fewer apps or a "
+            "shorter duration)"
+        )
+    jobs = sum(scenario.estimated_jobs(app) for app in scenario.apps)
+    if jobs > MAX_SCENARIO_JOBS:
+        busiest = max(scenario.apps, key=scenario.estimated_jobs)
+        raise ConfigError(
+            f"{origin}: apps.work: up to {jobs} jobs a run (most from app {busiest.name!r}); "
+            f"the limit is {MAX_SCENARIO_JOBS} (a longer period_ms or cost_us, a smaller burst, "
+            "or a shorter duration)"
+        )
+
 
 def shipped_scenarios() -> dict[str, Path]:
     """The scenario files that ship in `npumanager/scenarios/`, by name (file stem)."""
@@ -185,19 +221,13 @@ def find_scenario(spec: str) -> Path:
 
 def load_scenario(path: Path) -> Scenario:
     """Read and validate a scenario file; a bad one raises `ConfigError` naming file and key."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return parse_scenario(data, str(path))
+    return parse_scenario(read_toml(path), str(path))
 
 
 def parse_scenario(data: dict[str, Any], origin: str = "scenario") -> Scenario:
     """Validate scenario data; errors name the key path and what is allowed."""
     try:
-        return Scenario.model_validate(data, strict=False)
+        scenario = Scenario.model_validate(data, strict=False)
     except ValidationError as exc:
         error = exc.errors()[0]
         key = ".".join(str(p) for p in error["loc"]) or "(top level)"
@@ -206,6 +236,8 @@ def parse_scenario(data: dict[str, Any], origin: str = "scenario") -> Scenario:
             allowed = ", ".join(_model_at(error["loc"][:-1]).model_fields)
             message = f"unknown key; allowed: {allowed}"
         raise ConfigError(f"{origin}: {key}: {message}") from None
+    check_budget(scenario, origin)
+    return scenario
 
 
 def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel]:

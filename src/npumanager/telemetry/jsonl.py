@@ -20,15 +20,17 @@ from npumanager.schemas.limits import (
     DEFAULT_JSONL_BACKUPS,
     DEFAULT_JSONL_MAX_BYTES,
     JSONL_FLUSH_INTERVAL_S,
-    LOG_DIR_APP_NAME,
 )
 from npumanager.telemetry.events import TelemetryEvent
 from npumanager.telemetry.records import to_json_line
+from npumanager.userdirs import user_dir
 
 
 def default_path() -> Path:
     """`events.jsonl` in the per-user log directory."""
-    return Path(platformdirs.user_log_dir(LOG_DIR_APP_NAME)) / "events.jsonl"
+    return user_dir(platformdirs.user_log_dir, "give the sink a path (jsonl:path=FILE)") / (
+        "events.jsonl"
+    )
 
 
 class JsonlSink:

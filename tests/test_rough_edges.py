@@ -1,0 +1,178 @@
+"""A new user's mistakes and hostile inputs, through the real console script: one line, exit 2."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from npumanager.core import tomlfile
+from npumanager.errors import ConfigError
+from npumanager.schemas.limits import (
+    MAX_SCENARIO_APP_MS,
+    MAX_SCENARIO_APPS,
+    MAX_SCENARIO_JOBS,
+    MAX_TOML_DEPTH,
+)
+
+
+def npu(*argv: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """`npu-manager ARGV` as a user runs it."""
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kwargs}
+    return subprocess.run(  # type: ignore[call-overload, no-any-return]
+        [sys.executable, "-m", "npumanager", *argv], text=True, check=False, **streams
+    )
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], *parts: str) -> str:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    for part in parts:
+        assert part in lines[0]
+    return lines[0]
+
+
+def app(index: int, work: str = 'kind = "periodic", cost_us = 500, period_ms = 10') -> str:
+    return (
+        f'[[apps]]\nname = "a{index}"\nuid = {10000 + index}\nmodel_bytes = 1000000\n'
+        f"work = {{ {work} }}\n"
+    )
+
+
+def scenario(tmp_path: Path, duration_ms: int, apps: list[str]) -> Path:
+    path = tmp_path / "s.toml"
+    path.write_text(f'name = "s"\nduration_ms = {duration_ms}\n' + "".join(apps))
+    return path
+
+
+@pytest.mark.parametrize("verb", [["simulate"], ["demo", "--scenario"], ["--config"]])
+def test_a_file_that_is_not_utf8_is_one_line(tmp_path: Path, verb: list[str]) -> None:
+    path = tmp_path / "x.toml"
+    path.write_bytes(b'name = "\xff"\n')
+    args = [*verb, str(path)] + (["config"] if verb == ["--config"] else [])
+    one_line_error(npu(*args), f"{path}: not UTF-8 text (byte 8 is invalid)")
+
+
+@pytest.mark.parametrize("verb", [["simulate"], ["--config"]])
+def test_toml_nested_2000_deep_is_one_line(tmp_path: Path, verb: list[str]) -> None:
+    path = tmp_path / "x.toml"
+    path.write_text("a = " + "[" * 2000 + "]" * 2000 + "\n")
+    args = [*verb, str(path)] + (["config"] if verb == ["--config"] else [])
+    one_line_error(npu(*args), f"nested deeper than the limit of {MAX_TOML_DEPTH}")
+
+
+def test_toml_nested_just_past_the_limit_is_refused_too(tmp_path: Path) -> None:
+    path = tmp_path / "x.toml"
+    depth = MAX_TOML_DEPTH + 1
+    path.write_text("a = " + "[" * depth + "]" * depth + "\n")
+    with pytest.raises(ConfigError, match="nested deeper"):
+        tomlfile.read_toml(path)
+
+
+def test_dev_zero_and_a_fifo_as_a_scenario_are_refused_without_reading(tmp_path: Path) -> None:
+    one_line_error(npu("simulate", "/dev/zero"), "/dev/zero: is a character device")
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    one_line_error(npu("simulate", str(fifo)), f"{fifo}: is a FIFO, not a TOML file")
+
+
+def test_a_config_in_a_folder_that_cannot_be_entered_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def denied(path: object) -> os.stat_result:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tomlfile.os, "stat", denied)
+    with pytest.raises(ConfigError, match=r"locked/config.toml: cannot be read: Permission denied"):
+        tomlfile.file_kind(tmp_path / "locked" / "config.toml")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root enters every folder")
+def test_a_config_in_a_folder_that_cannot_be_entered_through_the_cli(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "config.toml").write_text("")
+    locked.chmod(0)
+    try:
+        one_line_error(npu("--config", str(locked / "config.toml"), "config"), "Permission denied")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_config_missing_or_a_folder_is_one_rule_for_flag_and_variable(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.toml"
+    one_line_error(npu("--config", str(missing), "config"), "no such file (named by --config)")
+    env = {**os.environ, "NPUMANAGER_CONFIG": str(missing)}
+    one_line_error(npu("config", env=env), "no such file (named by NPUMANAGER_CONFIG)")
+    one_line_error(npu("--config", str(tmp_path), "config"), "is a directory, not a TOML file")
+
+
+def test_output_to_a_full_disk_is_one_line() -> None:
+    with open("/dev/full", "w") as full:
+        result = npu("demo", stdout=full)
+    one_line_error(result, "cannot write the output: No space left on device")
+    one_line_error(npu("demo", "--trace", "/dev/full"), "/dev/full: cannot be written: No space")
+
+
+def test_ctrl_c_during_simulate_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    slow = 'kind = "periodic", cost_us = 500, period_ms = 1000'
+    path = scenario(tmp_path, MAX_SCENARIO_APP_MS // 20, [app(i, slow) for i in range(20)])
+    process = subprocess.Popen(
+        [sys.executable, "-m", "npumanager", "simulate", str(path), "--progress", "always"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    assert os.read(process.stderr.fileno(), 1) == b"\r", (
+        "the bar is drawn once the run is under way"
+    )
+    process.send_signal(signal.SIGINT)
+    err = process.communicate()[1].decode()
+    assert process.returncode == 130
+    assert "Traceback" not in err
+    assert err.rstrip().endswith("npu-manager: interrupted")
+    assert "left" in err, "the bar shows an estimate of the time left"
+
+
+def test_too_many_apps_are_refused_up_front_with_the_limit(tmp_path: Path) -> None:
+    path = scenario(tmp_path, 10, [app(i) for i in range(MAX_SCENARIO_APPS + 1)])
+    one_line_error(npu("simulate", str(path)), f"{path}: apps:", f"limit is {MAX_SCENARIO_APPS}")
+
+
+def test_a_long_many_app_scenario_is_refused_up_front(tmp_path: Path) -> None:
+    apps = [app(i, 'kind = "periodic", cost_us = 5, period_ms = 100000') for i in range(10)]
+    path = scenario(tmp_path, MAX_SCENARIO_APP_MS // 10 + 1, apps)
+    one_line_error(npu("simulate", str(path)), "duration_ms:", f"limit is {MAX_SCENARIO_APP_MS}")
+
+
+@pytest.mark.parametrize(
+    "work",
+    [
+        'kind = "periodic", cost_us = 5, period_ms = 1',
+        'kind = "loop", cost_us = 1',
+        'kind = "burst", cost_us = 5, period_ms = 100, burst = 65536',
+    ],
+)
+def test_a_scenario_with_too_many_jobs_is_refused_naming_the_app(tmp_path: Path, work: str) -> None:
+    path = scenario(tmp_path, 3_600_000, [app(0, work)])
+    one_line_error(
+        npu("simulate", str(path)), "apps.work: up to", "app 'a0'", f"limit is {MAX_SCENARIO_JOBS}"
+    )
+
+
+def test_a_burst_past_the_drivers_limit_is_a_key_error(tmp_path: Path) -> None:
+    path = scenario(tmp_path, 10, [app(0, 'kind = "burst", cost_us = 5, burst = 1000000000')])
+    one_line_error(npu("simulate", str(path)), f"{path}: apps.0.work.burst:")
+
+
+def test_argparse_mistakes_are_one_line_with_a_hint() -> None:
+    line = one_line_error(npu("simulate", "--bogus"), "unrecognized arguments: --bogus")
+    assert line.endswith("(see 'npu-manager --help')")
+    line = one_line_error(npu("simulate", "--mode", "sideways", "demo"), "invalid choice")
+    assert line.endswith("(see 'npu-manager simulate --help')")
