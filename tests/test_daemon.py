@@ -563,8 +563,11 @@ def test_serve_rejects_a_bad_sink_in_one_line(socket_dir: Path, spec: str) -> No
     ("args", "message"),
     [
         (["set-policy", "status-quo", "--max-budget", "3"], "apply to the budget policy only"),
-        (["set-policy", "budget", "--weights", "1,x,4"], "--weights must be comma-separated"),
-        (["set-policy", "budget", "--max-budget", "0"], "max_budget"),
+        (
+            ["set-policy", "budget", "--weights", "1,x,4"],
+            "--weights must be 3 comma-separated ints",
+        ),
+        (["set-policy", "budget", "--max-budget", "0"], "--max-budget must be 1.."),
         (["set-policy", "nonesuch"], "nonesuch"),
         (["set-importance", "10123", "VERY"], "importance must be one of FOREGROUND"),
         (["set-importance", "10123", "1001"], "a number 0..1000"),

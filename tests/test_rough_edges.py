@@ -176,3 +176,61 @@ def test_argparse_mistakes_are_one_line_with_a_hint() -> None:
     assert line.endswith("(see 'npu-manager --help')")
     line = one_line_error(npu("simulate", "--mode", "sideways", "demo"), "invalid choice")
     assert line.endswith("(see 'npu-manager simulate --help')")
+
+
+def test_simulate_on_a_real_time_driver_names_the_drivers_that_fit() -> None:
+    one_line_error(
+        npu("simulate", "demo", "--driver", "onnxruntime"),
+        "driver 'onnxruntime' cannot play a scenario",
+        "no virtual_time capability",
+        "drivers that can: ",
+        "vnpu",
+    )
+
+
+def test_scenario_numbers_past_the_drivers_limits_name_file_and_key(tmp_path: Path) -> None:
+    path = scenario(tmp_path, 100, [app(0).replace("1000000", str(2**63))])
+    one_line_error(npu("simulate", str(path)), f"{path}: apps.0.model_bytes:")
+    path = scenario(tmp_path, 100, [app(0, f'kind = "loop", cost_us = {2**62}')])
+    one_line_error(npu("simulate", str(path)), f"{path}: apps.0.work.cost_us:", "at most")
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (
+            "jsonl:bogus=1",
+            "sink 'jsonl': unknown option 'bogus'; allowed: path, max_bytes, backup_count, "
+            "debounce_duration_ms, queue_size",
+        ),
+        ("memory:x=1", "sink 'memory': unknown option 'x'; allowed: debounce_duration_ms"),
+    ],
+)
+def test_serve_sink_options_are_checked_naming_the_allowed_ones(
+    tmp_path: Path, spec: str, expected: str
+) -> None:
+    result = npu("serve", "--sink", spec, "--socket", str(tmp_path / "s.sock"), timeout=60)
+    one_line_error(result, expected)
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        (["--weights", "0,0,0"], "--weights must be 3 comma-separated ints 1..2147483647"),
+        (["--weights", "1,2"], "got '1,2'"),
+        (["--max-budget", str(10**23)], "--max-budget must be 1..2147483647"),
+    ],
+)
+def test_budget_options_are_one_clear_line_before_connecting(
+    tmp_path: Path, option: list[str], expected: str
+) -> None:
+    result = npu("set-policy", "budget", *option, "--socket", str(tmp_path / "none.sock"))
+    one_line_error(result, expected)
+
+
+def test_the_budget_policy_refuses_a_total_past_an_int32() -> None:
+    from npumanager.errors import PolicyParamsError
+    from npumanager.plugins.policies.budget import BudgetPolicy
+
+    with pytest.raises(PolicyParamsError, match="max_budget: Input should be less than"):
+        BudgetPolicy(max_budget=2**31)

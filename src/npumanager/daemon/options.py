@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from npumanager.errors import NpuManagerError
-from npumanager.schemas.limits import DEFAULT_CALL_TIMEOUT_S, INT32_MAX, MAX_CALL_TIMEOUT_S
+from npumanager.schemas.limits import (
+    BUDGET_SIZE_CLASSES,
+    DEFAULT_CALL_TIMEOUT_S,
+    INT32_MAX,
+    MAX_BUDGET_VALUE,
+    MAX_CALL_TIMEOUT_S,
+)
 
 
 class CommandContext(Protocol):
@@ -64,16 +70,28 @@ def budget_options(parser: argparse.ArgumentParser) -> None:
 
 
 def policy_params(policy: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    """The budget options as policy parameters, each checked before connecting."""
     params: dict[str, Any] = {}
     if args.max_budget is not None:
+        if not 0 < args.max_budget <= MAX_BUDGET_VALUE:
+            raise NpuManagerError(
+                f"--max-budget must be 1..{MAX_BUDGET_VALUE}; got {args.max_budget}"
+            )
         params["max_budget"] = args.max_budget
     if args.weights is not None:
         try:
-            params["weights"] = [int(w) for w in args.weights.split(",")]
+            weights = [int(w) for w in args.weights.split(",")]
         except ValueError:
+            weights = []
+        if len(weights) != BUDGET_SIZE_CLASSES or not all(
+            0 < w <= MAX_BUDGET_VALUE for w in weights
+        ):
             raise NpuManagerError(
-                f"--weights must be comma-separated ints, e.g. 1,2,4; got {args.weights!r}"
-            ) from None
+                f"--weights must be {BUDGET_SIZE_CLASSES} comma-separated ints "
+                f"1..{MAX_BUDGET_VALUE}, smallest size class first, e.g. 1,2,4; "
+                f"got {args.weights!r}"
+            )
+        params["weights"] = weights
     if params and policy.replace("-", "_") != "budget":
         raise NpuManagerError(
             f"--max-budget and --weights apply to the budget policy only, not {policy!r}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import os
 import signal
@@ -21,6 +22,7 @@ from npumanager.daemon.options import (
 )
 from npumanager.daemon.quotas import DaemonLimits
 from npumanager.errors import NpuManagerError
+from npumanager.plugins.sinks import check_sink_options
 from npumanager.schemas.limits import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_BUFFERED_BYTES,
@@ -35,6 +37,12 @@ log = logging.getLogger("npumanager.daemon")
 
 _LOG_FORMAT = "%(asctime)s npu-manager[%(process)d] %(levelname)s %(name)s: %(message)s"
 _MIB = 1 << 20
+
+
+def _hub_options(service: type[Any]) -> tuple[str, ...]:
+    """The options `Service.add_sink` takes itself (debouncing, queue) for any sink."""
+    parameters = inspect.signature(service.add_sink).parameters.values()
+    return tuple(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
 
 
 def _positive(text: str) -> int:
@@ -226,6 +234,9 @@ def cmd_serve(ctx: CommandContext) -> int:
     try:
         for spec in args.sink:
             name, options = parse_sink(spec)
+            check_sink_options(
+                name, ctx.registry.sink(name).factory, options, also=_hub_options(Service)
+            )
             service.add_sink(name, **options)
         daemon = Daemon(
             service,

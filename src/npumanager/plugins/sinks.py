@@ -9,12 +9,14 @@ first use, so discovery stays cheap.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from npumanager.core.hookspecs import hookimpl
+from npumanager.errors import NpuManagerError
 from npumanager.schemas import SinkRecord
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,43 @@ def _prometheus(**options: Any) -> Any:
     from npumanager.telemetry.prometheus import PrometheusSink
 
     return PrometheusSink(**options)
+
+
+_OPTIONS: dict[object, tuple[str, ...]] = {
+    MemorySink: (),
+    _jsonl: ("path", "max_bytes", "backup_count"),
+    _perfetto: ("path",),
+    _prometheus: ("port", "addr"),
+}
+"""The options a user may give each built-in sink (`--sink NAME:KEY=VALUE`)."""
+
+
+def sink_options(factory: Callable[..., Any]) -> tuple[str, ...] | None:
+    """The keyword options a sink factory takes, or None if it takes any (`**options`)."""
+    if factory in _OPTIONS:
+        return _OPTIONS[factory]
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return tuple(p.name for p in parameters if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def check_sink_options(
+    name: str, factory: Callable[..., Any], options: Mapping[str, Any], also: Sequence[str] = ()
+) -> None:
+    """A one-line error naming an option the sink does not take, and the ones it does; `also`
+    are options every sink takes (the hub's)."""
+    own = sink_options(factory)
+    if own is None:
+        return
+    allowed = (*own, *also)
+    for key in options:
+        if key not in allowed:
+            choices = ", ".join(allowed) or "none"
+            raise NpuManagerError(f"sink {name!r}: unknown option {key!r}; allowed: {choices}")
 
 
 @hookimpl

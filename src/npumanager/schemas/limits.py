@@ -200,3 +200,7 @@ MAX_SCENARIO_JOBS: Final = 150_000
 """Jobs one run of a scenario may bring (an upper bound from periods, bursts and loop costs):
 each job's events are kept for the table, trace and picture, about 3 KiB a job, so both runs
 stay within about 1 GiB."""
+MAX_BUDGET_VALUE: Final = INT32_MAX
+"""The largest budget policy weight or total: what the platform's int fields carry."""
+BUDGET_SIZE_CLASSES: Final = 3
+"""Weights the budget policy takes, one per size class (the HAL's three `ModelSize`s)."""

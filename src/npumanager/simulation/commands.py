@@ -19,6 +19,7 @@ from typing import Any, Protocol, TextIO
 
 from npumanager.core.plugins import PluginRegistry
 from npumanager.errors import ConfigError, NpuManagerError
+from npumanager.schemas import DriverCapability, DriverRecord
 from npumanager.simulation.progress import ProgressBar
 from npumanager.simulation.runner import RunResult, run_direct, run_managed
 from npumanager.simulation.scenario import (
@@ -139,8 +140,27 @@ def _list(ctx: Context, table: Table) -> int:
     return 0
 
 
+def _check_driver(registry: PluginRegistry, name: str) -> None:
+    """A driver that cannot step virtual time is refused, naming the drivers that can."""
+    record = registry.driver(name)  # an unknown name is a one-line error listing the known ones
+    if DriverCapability.VIRTUAL_TIME in record.capabilities:
+        return
+    fit = sorted(
+        reg.name
+        for reg in registry.registrations()
+        if isinstance(reg.record, DriverRecord)
+        and DriverCapability.VIRTUAL_TIME in reg.record.capabilities
+    )
+    raise NpuManagerError(
+        f"driver {name!r} cannot play a scenario: a simulation steps virtual time a millisecond "
+        f"at a time, and {name!r} runs on the wall clock (no {DriverCapability.VIRTUAL_TIME} "
+        f"capability); drivers that can: {', '.join(fit) or 'none installed'}"
+    )
+
+
 def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str]) -> int:
     args = ctx.args
+    _check_driver(ctx.registry, args.driver)
     if args.plot is not None:
         from npumanager.simulation.plot import require_matplotlib
 

@@ -18,7 +18,9 @@ from npumanager.errors import ConfigError
 from npumanager.schemas import Importance, ModelPriority, ModelSize
 from npumanager.schemas.device import DeviceSpec
 from npumanager.schemas.limits import (
+    INT64_MAX,
     MAX_BURST,
+    MAX_COST_CYCLES,
     MAX_SCENARIO_APP_MS,
     MAX_SCENARIO_APPS,
     MAX_SCENARIO_JOBS,
@@ -66,7 +68,7 @@ class App(_Model):
     name: Annotated[str, Field(min_length=1, max_length=40)]
     uid: Annotated[int, Field(ge=0, lt=2**31)]
     importance: Importance = Importance.FOREGROUND
-    model_bytes: Positive
+    model_bytes: Annotated[int, Field(gt=0, le=INT64_MAX)]
     size: ModelSize | None = None
     priority: ModelPriority = ModelPriority.NORMAL
     start_ms: NonNegative = 0
@@ -190,6 +192,14 @@ def check_budget(scenario: Scenario, origin: str) -> None:
             f"app-milliseconds to step; the limit is {MAX_SCENARIO_APP_MS} (fewer apps or a "
             "shorter duration)"
         )
+    fastest = max(device.clock_mhz for device in scenario.devices)
+    for index, app in enumerate(scenario.apps):
+        if app.work.cost_us * fastest > MAX_COST_CYCLES:
+            raise ConfigError(
+                f"{origin}: apps.{index}.work.cost_us: {app.work.cost_us} us at {fastest} MHz "
+                f"costs more than the {MAX_COST_CYCLES} cycles a job may; at most "
+                f"{MAX_COST_CYCLES // fastest}"
+            )
     jobs = sum(scenario.estimated_jobs(app) for app in scenario.apps)
     if jobs > MAX_SCENARIO_JOBS:
         busiest = max(scenario.apps, key=scenario.estimated_jobs)

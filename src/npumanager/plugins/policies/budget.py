@@ -28,12 +28,12 @@ from npumanager.core.policy import (
 )
 from npumanager.core.sortedlist import SortedKeys
 from npumanager.schemas import ModelSize, UnloadReason
-from npumanager.schemas.limits import DEFAULT_BUDGET_WEIGHTS, DEFAULT_MAX_BUDGET
+from npumanager.schemas.limits import DEFAULT_BUDGET_WEIGHTS, DEFAULT_MAX_BUDGET, MAX_BUDGET_VALUE
 
 Key = tuple[int, int, int, int]
 """(priority, last completion, uid, arrival): a request's place, most important first."""
 
-PositiveInt = Annotated[int, Strict(), Field(gt=0)]
+PositiveInt = Annotated[int, Strict(), Field(gt=0, le=MAX_BUDGET_VALUE)]
 _CLASSES = len(ModelSize)
 TURN_TAKING_WEIGHTS = (1,) * _CLASSES
 TURN_TAKING_MAX_BUDGET = 1
@@ -56,8 +56,8 @@ class BudgetParams(BaseModel):
     max_budget: PositiveInt = Field(
         default=DEFAULT_MAX_BUDGET,
         description=(
-            f"a positive int that the weights of admitted loads may not exceed "
-            f"(default {DEFAULT_MAX_BUDGET})"
+            f"a positive int (at most {MAX_BUDGET_VALUE}) that the weights of admitted loads "
+            f"may not exceed (default {DEFAULT_MAX_BUDGET})"
         ),
     )
 
