@@ -91,27 +91,47 @@ def _plugin_rows(registry: PluginRegistry) -> list[dict[str, Any]]:
     ]
 
 
+def _entry_rows(registry: PluginRegistry) -> list[dict[str, str]]:
+    return [
+        {
+            "entry_point": e.source.name,
+            "distribution": e.source.distribution,
+            "version": e.source.version,
+            "status": e.status,
+            "detail": e.detail,
+        }
+        for e in registry.entries
+    ]
+
+
 def cmd_plugins(ctx: _Context) -> int:
-    """List every registered driver, policy and sink."""
+    """List every registered driver, policy and sink, and every entry point with its status."""
     registry = ctx.registry
     rows = _plugin_rows(registry)
+    entries = _entry_rows(registry)
     if ctx.args.json:
         problems = [
             {"plugin": p.source.name, "distribution": p.source.distribution, "message": p.message}
             for p in registry.problems
         ]
-        json.dump({"plugins": rows, "problems": problems}, ctx.out, indent=2)
+        document = {"plugins": rows, "entry_points": entries, "problems": problems}
+        json.dump(document, ctx.out, indent=2)
         ctx.out.write("\n")
         return 0
     if not rows:
         print("no plugins registered", file=ctx.out)
-        return 0
-    headers = ["KIND", "NAME", "DISTRIBUTION", "VERSION", "CAPABILITIES"]
-    body = [
-        [r["kind"], r["name"], r["distribution"], r["version"], ",".join(r["capabilities"]) or "-"]
-        for r in rows
-    ]
-    print(format_table(body, headers), file=ctx.out)
+    else:
+        headers = ["KIND", "NAME", "DISTRIBUTION", "VERSION", "CAPABILITIES"]
+        body = [
+            [r["kind"], r["name"], r["distribution"], r["version"]]
+            + [",".join(r["capabilities"]) or "-"]
+            for r in rows
+        ]
+        print(format_table(body, headers), file=ctx.out)
+    if entries:
+        body = [[e["entry_point"], e["distribution"], e["status"], e["detail"]] for e in entries]
+        table = format_table(body, ["ENTRY POINT", "DISTRIBUTION", "STATUS", "DETAIL"])
+        print(f"\n{table}", file=ctx.out)
     return 0
 
 

@@ -68,6 +68,16 @@ def npumanager_register_sinks() -> Iterable[SinkRecord] | SinkRecord | None:
 
 
 @hookspec
+def npumanager_unavailable() -> Iterable[tuple[str, str, str]] | None:
+    """Return what this plugin would register but cannot here, and why.
+
+    Each item is `(kind, name, reason)`, e.g. `("driver", "onnxruntime", "pip install
+    'npu-manager[onnxruntime]'")`. `npu-manager plugins` shows them, and asking for such a
+    name is an error that gives the reason.
+    """
+
+
+@hookspec
 def npumanager_configure(config: Config) -> None:
     """Called once per plugin with the effective configuration, after its registrations.
 

@@ -96,6 +96,24 @@ class PluginProblem:
         return f"{self.source.describe()}: {self.message}"
 
 
+LOADED = "loaded"
+EMPTY = "registered nothing"
+BROKEN = "broken"
+DISABLED = "disabled"
+UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True)
+class PluginEntry:
+    """One entry point found, what became of it, and why."""
+
+    source: PluginSource
+    status: str
+    """LOADED, EMPTY, BROKEN, DISABLED or UNAVAILABLE."""
+    detail: str
+    """What it registered, what broke it, the setting that disabled it, or what to install."""
+
+
 def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -112,6 +130,10 @@ class PluginRegistry:
         self.problems: list[PluginProblem] = []
         self.rejected: Counter[str] = Counter()
         """Values dropped at the boundary, per plugin name."""
+        self.entries: list[PluginEntry] = []
+        """Every entry point found, in discovery order, with its status."""
+        self.unavailable: dict[tuple[str, str], str] = {}
+        """(kind, name) -> why it is not registered here (the extra to install)."""
         self._by_kind: dict[PluginKind, dict[str, Registration]] = {k: {} for k in PluginKind}
 
     def load_entry_points(self, entry_points: Iterable[metadata.EntryPoint] | None = None) -> None:
@@ -121,20 +143,59 @@ class PluginRegistry:
         for entry_point in found:
             source = _source_of(entry_point)
             if not self._allowed(source):
+                self.entries.append(PluginEntry(source, DISABLED, self._disabled_by(source)))
                 continue
             if source.name in self.sources:
                 other = self.sources[source.name]
-                self._problem(source, f"entry-point name already used by {other.describe()}")
+                self._broken(source, f"entry-point name already used by {other.describe()}")
                 continue
             try:
                 plugin = entry_point.load()
             except Exception as exc:
-                self._problem(source, f"failed to import: {type(exc).__name__}: {exc}")
+                self._broken(source, f"failed to import: {type(exc).__name__}: {exc}")
                 continue
             self.register(plugin, source)
 
     def register(self, plugin: object, source: PluginSource) -> bool:
         """Register one plugin object; False if it was reported and skipped whole."""
+        before = len(self.problems)
+        ok = self._register(plugin, source)
+        mine = [p.message for p in self.problems[before:]]
+        if not ok or mine:
+            self.entries.append(PluginEntry(source, BROKEN, "; ".join(mine) or "skipped"))
+            return ok
+        names = [f"{r.kind} {r.name}" for r in self.registrations() if r.source == source]
+        missing = [f"{k} {n} ({why})" for (k, n), why in self._unavailable_of(plugin, source)]
+        if names:
+            extra = f"; unavailable: {', '.join(missing)}" if missing else ""
+            self.entries.append(PluginEntry(source, LOADED, ", ".join(names) + extra))
+        elif missing:
+            self.entries.append(PluginEntry(source, UNAVAILABLE, ", ".join(missing)))
+        else:
+            self.entries.append(PluginEntry(source, EMPTY, "its hooks returned no records"))
+        return ok
+
+    def _unavailable_of(
+        self, plugin: object, source: PluginSource
+    ) -> list[tuple[tuple[str, str], str]]:
+        found = []
+        for result in self._call_own_hook(plugin, source, "npumanager_unavailable", {}):
+            for kind, name, why in result or ():
+                found.append(((str(kind), str(name)), str(why)))
+        self.unavailable.update(found)
+        return found
+
+    def _broken(self, source: PluginSource, message: str) -> None:
+        self._problem(source, message)
+        self.entries.append(PluginEntry(source, BROKEN, message))
+
+    def _disabled_by(self, source: PluginSource) -> str:
+        names = {_normalize(source.name), _normalize(source.distribution)}
+        if names & {_normalize(n) for n in self.settings.disable}:
+            return "by plugins.disable"
+        return "by plugins.load (not named there)"
+
+    def _register(self, plugin: object, source: PluginSource) -> bool:
         try:
             self.manager.register(plugin, name=source.name)
         except Exception as exc:
@@ -245,7 +306,17 @@ class PluginRegistry:
             return self._by_kind[kind][name]
         except KeyError:
             known = ", ".join(sorted(self._by_kind[kind])) or "none installed"
-            raise UnknownPluginError(f"unknown {kind} {name!r}; available: {known}") from None
+            raise UnknownPluginError(f"{self._why_not(kind, name)}; available: {known}") from None
+
+    def _why_not(self, kind: PluginKind, name: str) -> str:
+        """Why `name` is not registered, when the registry knows: an extra, a setting."""
+        if why := self.unavailable.get((str(kind), name)):
+            return f"{kind} {name!r} is not available here: {why}"
+        for entry in self.entries:
+            if entry.status == DISABLED and _normalize(entry.source.name) == _normalize(name):
+                plugin = entry.source.name
+                return f"unknown {kind} {name!r}: plugin {plugin!r} is disabled {entry.detail}"
+        return f"unknown {kind} {name!r}"
 
     def driver(self, name: str) -> DriverRecord:
         """The driver record registered under `name`."""

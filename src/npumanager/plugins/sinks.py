@@ -143,3 +143,9 @@ def npumanager_register_sinks() -> Iterable[SinkRecord]:
             PROMETHEUS_EXTRA_HINT,
         )
     return records
+
+
+@hookimpl
+def npumanager_unavailable() -> Iterable[tuple[str, str, str]]:
+    """The `prometheus` sink, when its extra is not installed, and how to install it."""
+    return [] if prometheus_available() else [("sink", "prometheus", PROMETHEUS_EXTRA_HINT)]

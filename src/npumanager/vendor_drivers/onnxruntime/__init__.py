@@ -61,3 +61,9 @@ def npumanager_register_drivers() -> Iterable[DriverRecord]:
             description="ONNX models in CPU onnxruntime sessions, scheduled by priority",
         )
     ]
+
+
+@hookimpl
+def npumanager_unavailable() -> Iterable[tuple[str, str, str]]:
+    """The driver, when the extra is not installed, and how to install it."""
+    return [] if available() else [("driver", "onnxruntime", EXTRA_HINT)]
