@@ -104,6 +104,10 @@ def _entry_rows(registry: PluginRegistry) -> list[dict[str, str]]:
     ]
 
 
+def _caps(row: dict[str, Any]) -> str:
+    return ",".join(row["capabilities"]) or "-"
+
+
 def cmd_plugins(ctx: _Context) -> int:
     """List every registered driver, policy and sink, and every entry point with its status."""
     registry = ctx.registry
@@ -123,8 +127,7 @@ def cmd_plugins(ctx: _Context) -> int:
     else:
         headers = ["KIND", "NAME", "DISTRIBUTION", "VERSION", "CAPABILITIES"]
         body = [
-            [r["kind"], r["name"], r["distribution"], r["version"]]
-            + [",".join(r["capabilities"]) or "-"]
+            [*(r[key] for key in ("kind", "name", "distribution", "version")), _caps(r)]
             for r in rows
         ]
         print(format_table(body, headers), file=ctx.out)
