@@ -34,6 +34,8 @@ MODES = ("direct", "managed")
 ALWAYS_SHOWN = frozenset({"overcommit_events", "unload_requests"})
 """Rows shown even when every run has nothing there (others are left out then)."""
 PROGRESS_CHOICES = ("auto", "always", "never")
+ROLE_PREFIXED = ("camera", "background", "assistant", "indexer")
+"""Roles whose metrics (`camera_frames`, ...) are reported only when some app has the role."""
 
 ROWS: list[tuple[str, str]] = [
     ("camera_frames", "camera frames"),
@@ -182,7 +184,8 @@ def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str]) 
         with _writing(args.plot):
             draw_timeline([result for result, _ in results.values()], scenario, args.plot)
         written.append(f"timeline: {args.plot}")
-    metrics = {mode: result.metrics.as_dict() for mode, (result, _) in results.items()}
+    roles = {app.role for app in scenario.apps}
+    metrics = {mode: _reported(result, roles) for mode, (result, _) in results.items()}
     if args.json:
         json.dump(metrics, ctx.out, indent=2)
         ctx.out.write("\n")
@@ -196,7 +199,8 @@ def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str]) 
     body = [
         [label, *(_cell(key, metrics[mode][key]) for mode in modes)]
         for key, label in ROWS
-        if key in ALWAYS_SHOWN or any(metrics[mode][key] for mode in modes)
+        if key in metrics[modes[0]]
+        and (key in ALWAYS_SHOWN or any(metrics[mode][key] for mode in modes))
     ]
     print(table(body, ["", *(mode.upper() for mode in modes)]), file=ctx.out)
     for line in written:
@@ -237,6 +241,13 @@ def _writing(path: Path) -> Iterator[None]:
         yield
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be written: {exc.strerror}") from None
+
+
+def _reported(result: RunResult, roles: set[str]) -> dict[str, Any]:
+    """A run's metrics without the figures of roles no app plays (no camera: no camera zeros)."""
+    metrics = result.metrics.as_dict()
+    absent = {role for role in ROLE_PREFIXED if role not in roles}
+    return {k: v for k, v in metrics.items() if k.split("_", 1)[0] not in absent}
 
 
 def _check_writable(path: Path) -> None:

@@ -1,0 +1,91 @@
+"""What the README and pyproject promise a new user, checked against what they get."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import npumanager as npu
+from npumanager.schemas.limits import MAX_SCENARIO_APP_MS, MAX_SCENARIO_APPS, MAX_SCENARIO_JOBS
+from npumanager.simulation.scenario import App, Event, Scenario, Work
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def quickstart() -> list[str]:
+    section = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```sh\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
+
+
+def test_block_two_activates_the_environment_and_installs_npu_manager_before_acme() -> None:
+    lines = quickstart()[1].splitlines()
+    assert lines[0] == ". .venv/bin/activate", "block 2 works in a new shell"
+    installs = [line for line in lines if line.startswith("pip install")]
+    assert len(installs) == 2, "one pip command each, so an old pip resolves acme's dependency"
+    assert "./examples/acme-npu" in installs[1] and "acme" not in installs[0]
+
+
+def test_ci_runs_each_block_in_a_shell_of_its_own_without_the_callers_environment() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ci.count("fresh_shell") >= 3
+    assert "-u VIRTUAL_ENV" in ci and "-u PYTHONPATH" in ci
+
+
+def test_pyproject_license_is_an_spdx_string_without_the_classifier() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
+    assert not [c for c in project["classifiers"] if c.startswith("License ::")]
+
+
+def test_the_telemetry_snippet_writes_trace_json_on_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    block = re.search(r"## Telemetry sinks.*?```python\n(.*?)```", README, re.DOTALL)
+    assert block is not None
+    kept = [
+        line
+        for line in block.group(1).splitlines()
+        if "prometheus" not in line and "my_sink" not in line and "close()" not in line
+    ]
+    assert any("close()" in line for line in block.group(1).splitlines()), "the snippet shows it"
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, object] = {"npu": npu}
+    exec("\n".join(kept), namespace)
+    assert not (tmp_path / "trace.json").exists(), "nothing until close, as documented"
+    namespace["service"].close()  # type: ignore[attr-defined]
+    assert json.loads((tmp_path / "trace.json").read_text())
+    assert "writes it on close" in README
+
+
+def test_the_scenario_table_names_every_key_and_the_budget() -> None:
+    section = README.split("- **Scenario files**", 1)[1].split("## Telemetry sinks", 1)[0]
+    keys = {*Scenario.model_fields, *App.model_fields, *Work.model_fields, *Event.model_fields}
+    missing = [key for key in keys if f"`{key}`" not in section]
+    assert missing == []
+    for limit in (MAX_SCENARIO_APPS, MAX_SCENARIO_APP_MS, MAX_SCENARIO_JOBS):
+        assert f"{limit:,}" in section
+
+
+def test_json_of_a_scenario_without_a_camera_has_no_camera_figures() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "npumanager", "simulate", "turn_taking", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for run in json.loads(result.stdout).values():
+        assert not [key for key in run if key.startswith("camera_")]
+    with_camera = subprocess.run(
+        [sys.executable, "-m", "npumanager", "demo", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "camera_frames" in json.loads(with_camera.stdout)["managed"]
