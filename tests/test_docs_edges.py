@@ -73,19 +73,15 @@ def test_the_scenario_table_names_every_key_and_the_budget() -> None:
         assert f"{limit:,}" in section
 
 
+def play_json(*argv: str) -> dict[str, dict[str, object]]:
+    """The `--json` document of a demo or simulate command line."""
+    command = [sys.executable, "-m", "npumanager", *argv, "--json"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    document: dict[str, dict[str, object]] = json.loads(out)
+    return document
+
+
 def test_json_of_a_scenario_without_a_camera_has_no_camera_figures() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "npumanager", "simulate", "turn_taking", "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    for run in json.loads(result.stdout).values():
+    for run in play_json("simulate", "turn_taking").values():
         assert not [key for key in run if key.startswith("camera_")]
-    with_camera = subprocess.run(
-        [sys.executable, "-m", "npumanager", "demo", "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "camera_frames" in json.loads(with_camera.stdout)["managed"]
+    assert "camera_frames" in play_json("demo")["managed"]

@@ -184,7 +184,7 @@ def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str]) 
         with _writing(args.plot):
             draw_timeline([result for result, _ in results.values()], scenario, args.plot)
         written.append(f"timeline: {args.plot}")
-    roles = {app.role for app in scenario.apps}
+    roles: set[str] = {app.role for app in scenario.apps}
     metrics = {mode: _reported(result, roles) for mode, (result, _) in results.items()}
     if args.json:
         json.dump(metrics, ctx.out, indent=2)
