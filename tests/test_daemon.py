@@ -707,3 +707,35 @@ def test_an_undeclared_feature_is_one_clean_log_line(start: Callable[..., Daemon
     assert len(lines) == 1, daemon.log()
     assert "FeatureWarning: uid 0 uses the NPU without declaring the feature" in lines[0]
     assert "warnings.warn" not in daemon.log() and ".py:" not in daemon.log()
+
+
+def test_info_shows_importance_names_and_the_device_of_a_loaded_model(
+    start: Callable[..., DaemonProcess],
+) -> None:
+    daemon = start("--policy", "budget")
+    sock = str(daemon.socket)
+    assert run_cli("set-importance", "10123", "FOREGROUND", "--socket", sock).returncode == 0
+    manager = npu.connect(daemon.socket, uses_feature=True)
+    loaded = threading.Event()
+
+    class App(npu.ModelLoadRequestCallback):
+        def on_can_load_model(self, request: Any, status: object, listener: Any) -> None:
+            manager.load_model(request, weight_bytes=64 << 20)
+            listener.notify_model_loaded(request)
+            loaded.set()
+
+    manager.request_can_load_model(npu.ModelLoadRequest.Builder(4).set_size(0).build(), App())
+    assert loaded.wait(10)
+    _wait(
+        lambda: json.loads(run_cli("info", "--socket", sock, "--json").stdout)["requests"]["loaded"]
+    )
+    document = json.loads(run_cli("info", "--socket", sock, "--json").stdout)
+    (request,) = document["requests"]["loaded"]
+    assert request["device"] == 0
+    config = next(c for c in document["priorities"] if c["uid"] == 10123)
+    assert config["importance"] == "FOREGROUND"
+    text = run_cli("info", "--socket", sock).stdout
+    assert "IMPORTANCE" in text and "FOREGROUND" in text and "PINNED" in text
+    row = next(line for line in text.splitlines() if line.startswith("loaded"))
+    assert row.split()[-1] == "0", "the device column of a loaded request"
+    manager.close()

@@ -234,3 +234,25 @@ def test_the_budget_policy_refuses_a_total_past_an_int32() -> None:
 
     with pytest.raises(PolicyParamsError, match="max_budget: Input should be less than"):
         BudgetPolicy(max_budget=2**31)
+
+
+def test_snapshot_names_importances_and_the_device_of_a_loaded_request() -> None:
+    import npumanager as npu
+
+    service = npu.Service("vnpu", "budget", clock="virtual")
+    service.set_uid_importance(10123, npu.IMPORTANCE_FOREGROUND)
+    app = service.manager(10123, uses_feature=True)
+
+    class Loader(npu.ModelLoadRequestCallback):
+        def on_can_load_model(self, request: object, status: object, listener: object) -> None:
+            app.load_model(request, weight_bytes=64 << 20)  # type: ignore[arg-type]
+            listener.notify_model_loaded(request)  # type: ignore[attr-defined]
+
+    request = npu.ModelLoadRequest.Builder(1).set_size(npu.NPU_MODEL_SIZE_LESS_THAN_1GB).build()
+    app.request_can_load_model(request, Loader())
+    service.run_until_idle()
+    snapshot = service.snapshot()
+    service.close()
+    assert [r["device"] for r in snapshot["requests"]["loaded"]] == [0]
+    importance = {c["uid"]: c["importance"] for c in snapshot["priorities"]}
+    assert importance[10123] == "FOREGROUND" and importance[0] == "PINNED"

@@ -51,6 +51,10 @@ class Requests:
         """The clients with live requests, in order."""
         return sorted({key.client for key in self._records})
 
+    def model_devices(self) -> dict[RequestKey, int]:
+        """The device each request with a model loaded holds it on."""
+        return {key: r.models[0].device for key, r in self._records.items() if r.models}
+
     def add(self, key: RequestKey, record: RequestRecord) -> None:
         """Keep a new request's record; an id that is live already is a duplicate."""
         if key in self._records:

@@ -275,6 +275,7 @@ class Service:
                 policy_name=self.policy_name,
                 sinks=self.sink_stats(),
                 callback_errors=self.callback_errors,
+                model_devices=self._decisions.requests.model_devices(),
             )
 
     @property

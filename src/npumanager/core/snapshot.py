@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from npumanager.core.actions import RequestState
+from npumanager.core.actions import RequestKey, RequestState
 from npumanager.core.arbiter import Arbiter
 from npumanager.core.driver import Driver
+from npumanager.core.uids import PINNED
+from npumanager.schemas import Importance
 from npumanager.telemetry import SinkStats
 
 
@@ -18,8 +20,11 @@ def build_snapshot(
     policy_name: str,
     sinks: Mapping[str, SinkStats],
     callback_errors: int,
+    model_devices: Mapping[RequestKey, int] | None = None,
 ) -> dict[str, Any]:
-    """Policy and parameters, configs by uid, live requests by state, and every device."""
+    """Policy and parameters, configs by uid (with the importance's name), live requests by
+    state (with the device a loaded one's model is on), and every device."""
+    placed = model_devices or {}
     policy = arbiter.policy
     params = policy.params.model_dump(mode="json") if policy.params is not None else {}
     by_state: dict[str, list[dict[str, Any]]] = {state.value: [] for state in RequestState}
@@ -33,7 +38,7 @@ def build_snapshot(
                 "priority": info.request.priority.name,
                 "weight": info.weight,
                 "weight_bytes": info.weight_bytes,
-                "device": info.device,
+                "device": info.device if info.device is not None else placed.get(info.key),
             }
         )
     return {
@@ -42,6 +47,7 @@ def build_snapshot(
             {
                 "uid": config.uid,
                 "priority": config.app_priority,
+                "importance": _importance_name(config.uid, config.app_priority),
                 "min_priority": config.min_priority,
                 "max_priority": config.max_priority,
                 "has_direct_access": config.has_direct_access,
@@ -55,6 +61,16 @@ def build_snapshot(
         "memory_pressure": arbiter.memory_pressure,
         "callback_errors": callback_errors,
     }
+
+
+def _importance_name(uid: int, priority: int) -> str | None:
+    """The importance a uid's priority stands for; "PINNED" for root and system."""
+    if uid in PINNED:
+        return "PINNED"
+    try:
+        return Importance(priority).name
+    except ValueError:
+        return None
 
 
 def _device(driver: Driver, number: int) -> dict[str, Any]:

@@ -123,13 +123,14 @@ def render_info(document: dict[str, Any]) -> str:
                 [
                     str(c["uid"]),
                     str(c["priority"]),
+                    c.get("importance") or "-",
                     f"{c['min_priority']}..{c['max_priority']}",
                     _yes(c["has_direct_access"]),
                     _yes(c["can_attribute_other_uid"]),
                 ]
                 for c in document["priorities"]
             ],
-            ["UID", "PRIORITY", "JOB RANGE", "DIRECT", "ATTRIBUTE"],
+            ["UID", "PRIORITY", "IMPORTANCE", "JOB RANGE", "DIRECT", "ATTRIBUTE"],
         ),
         "",
         "requests:",
