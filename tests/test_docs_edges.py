@@ -85,3 +85,11 @@ def test_json_of_a_scenario_without_a_camera_has_no_camera_figures() -> None:
     for run in play_json("simulate", "turn_taking").values():
         assert not [key for key in run if key.startswith("camera_")]
     assert "camera_frames" in play_json("demo")["managed"]
+
+
+def test_the_health_interval_is_documented_with_its_defaults() -> None:
+    from npumanager.schemas.limits import DEFAULT_HEALTH_INTERVAL_MS, HEALTH_SAMPLE_INTERVAL_MS
+
+    assert "--health-interval-ms" in README
+    assert f"by default {DEFAULT_HEALTH_INTERVAL_MS} in real time" in README
+    assert f"{HEALTH_SAMPLE_INTERVAL_MS} in virtual time" in README

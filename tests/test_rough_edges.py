@@ -256,3 +256,35 @@ def test_snapshot_names_importances_and_the_device_of_a_loaded_request() -> None
     assert [r["device"] for r in snapshot["requests"]["loaded"]] == [0]
     importance = {c["uid"]: c["importance"] for c in snapshot["priorities"]}
     assert importance[10123] == "FOREGROUND" and importance[0] == "PINNED"
+
+
+@pytest.mark.parametrize(("interval_ms", "most"), [(None, 2000 // 50 + 2), (500, 2000 // 500 + 2)])
+def test_an_idle_device_is_sampled_at_the_configured_interval(
+    interval_ms: int | None, most: int
+) -> None:
+    import npumanager as npu
+    from npumanager.telemetry import DeviceSample
+
+    service = npu.Service("vnpu", "budget", clock="virtual", health_interval_ms=interval_ms)
+    memory = service.add_sink("memory").sink
+    service.advance(2000)
+    samples = [e for e in memory.events if isinstance(e, DeviceSample)]
+    service.close()
+    assert 1 <= len(samples) <= most
+
+
+def test_real_time_samples_once_a_second_and_serve_checks_the_interval(tmp_path: Path) -> None:
+    import npumanager as npu
+    from npumanager.schemas.limits import DEFAULT_HEALTH_INTERVAL_MS
+
+    service = npu.Service("vnpu", "budget", clock="real")
+    try:
+        assert service._telemetry._sampler.period_us == DEFAULT_HEALTH_INTERVAL_MS * 1000
+    finally:
+        service.close()
+    result = npu_cli_serve(tmp_path, "--health-interval-ms", "0")
+    one_line_error(result, "health_interval_ms must be within 1..3600000; got 0")
+
+
+def npu_cli_serve(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return npu("serve", "--socket", str(tmp_path / "s.sock"), *argv, timeout=60)

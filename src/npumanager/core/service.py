@@ -37,10 +37,13 @@ from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import DriverCapability, ModelLoadRequest, ModelPolicy
 from npumanager.schemas.device import DeviceSpec
 from npumanager.schemas.limits import (
+    DEFAULT_HEALTH_INTERVAL_MS,
     DEFAULT_RUN_UNTIL_IDLE_MS,
     DEFAULT_SINK_QUEUE_EVENTS,
     DEFAULT_UNLOAD_GRACE_MS,
+    HEALTH_SAMPLE_INTERVAL_MS,
     INT32_MAX,
+    MAX_HEALTH_INTERVAL_MS,
     ROOT_UID,
     SYSTEM_UID,
 )
@@ -67,9 +70,16 @@ class Service:
         management_uids: Iterable[int] = (),
         registry: PluginRegistry | None = None,
         sinks: Iterable[Any] = (),
+        health_interval_ms: int | None = None,
     ) -> None:
         if clock not in ("real", "virtual"):
             raise IllegalArgumentError(f"clock must be 'real' or 'virtual'; got {clock!r}")
+        if health_interval_ms is None:
+            real = clock == "real"
+            health_interval_ms = DEFAULT_HEALTH_INTERVAL_MS if real else HEALTH_SAMPLE_INTERVAL_MS
+        health_interval_ms = check_int(
+            "health_interval_ms", health_interval_ms, 1, MAX_HEALTH_INTERVAL_MS
+        )
         if feature_mode not in ("warn", "block"):
             raise IllegalArgumentError(
                 f"feature_mode must be 'warn' or 'block'; got {feature_mode!r}"
@@ -88,7 +98,9 @@ class Service:
         self.driver: Driver = self._make_driver(driver, devices, dict(driver_options or {}))
         self._virtual: VirtualTime | None = None
         self._real: RealTime | None = None
-        self._telemetry = TelemetryBridge(self.driver, threaded=clock == "real")
+        self._telemetry = TelemetryBridge(
+            self.driver, threaded=clock == "real", health_interval_ms=health_interval_ms
+        )
         self._decisions = Decisions(clock, self.arbiter, self.driver, self._telemetry)
         self._lock = self._decisions.lock
         if clock == "virtual":

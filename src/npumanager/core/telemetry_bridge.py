@@ -32,10 +32,12 @@ EventListener = Callable[[Sequence[WorkEvent]], None]
 class TelemetryBridge:
     """The service's telemetry: sinks through a hub, raw-event listeners, health samples."""
 
-    def __init__(self, driver: Driver, *, threaded: bool) -> None:
+    def __init__(
+        self, driver: Driver, *, threaded: bool, health_interval_ms: int = HEALTH_SAMPLE_INTERVAL_MS
+    ) -> None:
         self._driver = driver
         self.hub = TelemetryHub(threaded=threaded, close_timeout_s=SINK_CLOSE_TIMEOUT_S)
-        self._sampler = HealthSampler(HEALTH_SAMPLE_INTERVAL_MS * 1000)
+        self._sampler = HealthSampler(health_interval_ms * 1000)
         self._listeners: list[EventListener] = []
         self._severity: dict[int, ThermalSeverity] = {}
 

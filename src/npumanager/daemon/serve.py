@@ -24,6 +24,7 @@ from npumanager.daemon.quotas import DaemonLimits
 from npumanager.errors import NpuManagerError
 from npumanager.plugins.sinks import check_sink_options
 from npumanager.schemas.limits import (
+    DEFAULT_HEALTH_INTERVAL_MS,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_BUFFERED_BYTES,
     DEFAULT_MAX_CONNECTIONS_PER_UID,
@@ -101,6 +102,14 @@ def add_serve(add: Add) -> None:
         default=DEFAULT_UNLOAD_GRACE_MS,
         metavar="MS",
         help=f"how long a client asked to unload may take (default {DEFAULT_UNLOAD_GRACE_MS})",
+    )
+    serve.add_argument(
+        "--health-interval-ms",
+        type=int,
+        default=DEFAULT_HEALTH_INTERVAL_MS,
+        metavar="MS",
+        help="device health reaches sinks at once on a change of thermal severity or memory, "
+        f"and otherwise every MS (default {DEFAULT_HEALTH_INTERVAL_MS})",
     )
     serve.add_argument(
         "--sink",
@@ -229,6 +238,7 @@ def cmd_serve(ctx: CommandContext) -> int:
         devices=args.devices,
         attribution_uids=args.attribution_uid,
         unload_grace_ms=args.unload_grace_ms,
+        health_interval_ms=args.health_interval_ms,
         registry=ctx.registry,
     )
     try:

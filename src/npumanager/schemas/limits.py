@@ -107,7 +107,13 @@ MAX_DEBOUNCE_DURATION_MS: Final = 3_600_000
 SINK_CLOSE_TIMEOUT_S: Final = 5.0
 """How long closing waits for a real-time sink's worker to hand over what is queued."""
 HEALTH_SAMPLE_INTERVAL_MS: Final = 50
-"""Device health reaches sinks at least this often, and at once when severity or memory change."""
+"""Device health reaches sinks at least this often in virtual time (simulations), and at once
+when severity or memory change."""
+DEFAULT_HEALTH_INTERVAL_MS: Final = 1000
+"""The same in real time (the daemon, `serve --health-interval-ms`): an idle device is one
+sample a second, not twenty."""
+MAX_HEALTH_INTERVAL_MS: Final = 3_600_000
+"""The longest health sample interval a service may ask for: an hour."""
 LOG_DIR_APP_NAME: Final = "npu-manager"
 """The platformdirs application name of the per-user log directory."""
 DEFAULT_JSONL_MAX_BYTES: Final = 16 << 20
