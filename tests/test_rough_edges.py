@@ -288,3 +288,55 @@ def test_real_time_samples_once_a_second_and_serve_checks_the_interval(tmp_path:
 
 def npu_cli_serve(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     return npu("serve", "--socket", str(tmp_path / "s.sock"), *argv, timeout=60)
+
+
+def test_the_table_explains_lmk() -> None:
+    result = npu("demo")
+    assert result.returncode == 0, result.stderr
+    assert "over-commit events (LMK)" in result.stdout
+    assert "(LMK: the kernel's low-memory killer;" in result.stdout
+
+
+def test_plot_writes_a_jpeg_for_jpg_and_refuses_an_unknown_suffix(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    picture = tmp_path / "x.jpg"
+    result = npu("simulate", "turn_taking", "--plot", str(picture))
+    assert result.returncode == 0, result.stderr
+    assert picture.read_bytes()[:3] == b"\xff\xd8\xff", "a JPEG, not a PNG named .jpg"
+    one_line_error(
+        npu("demo", "--plot", str(tmp_path / "x.gif")), "write a picture ending in .png, .jpg"
+    )
+    assert not (tmp_path / "x.gif").exists()
+
+
+def test_app_colours_follow_the_name_and_avoid_the_curves() -> None:
+    pytest.importorskip("matplotlib")
+    from npumanager.simulation.plot import app_colour_index
+    from npumanager.simulation.scenario import load_scenario, shipped_scenarios
+
+    curves = {0, 1, 6, 7}  # tab20's blues and reds: the memory and temperature curves
+    assert app_colour_index("camera") == app_colour_index("camera", {99})
+    assert app_colour_index("camera") not in curves
+    first = app_colour_index("camera")
+    assert app_colour_index("camera", {first}) != first, "a clash takes the next colour"
+    from npumanager.simulation import plot
+
+    for path in shipped_scenarios().values():
+        colours = plot._colours(load_scenario(path))
+        assert len(set(colours.values())) == len(colours)
+
+
+def test_the_picture_labels_the_capacity_and_the_unload_reasons() -> None:
+    pytest.importorskip("matplotlib")
+    from npumanager.core.plugins import load_plugins
+    from npumanager.simulation.plot import build_figure
+    from npumanager.simulation.runner import run_managed
+    from npumanager.simulation.scenario import find_scenario, load_scenario
+
+    scenario = load_scenario(find_scenario("demo"))
+    result = run_managed(scenario, "vnpu", load_plugins())
+    assert result.unloads
+    figure = build_figure([result], scenario)
+    texts = {text.get_text() for ax in figure.axes for text in ax.texts}
+    assert any(text.startswith("capacity ") and text.endswith(" GiB") for text in texts)
+    assert {reason.lower() for _, _, reason in result.unloads} <= texts

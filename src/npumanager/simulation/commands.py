@@ -54,6 +54,13 @@ ROWS: list[tuple[str, str]] = [
 ]
 
 
+_LABELS = dict(ROWS)
+LMK_NOTE = (
+    "(LMK: the kernel's low-memory killer; an over-commit event is a load that did not fit "
+    "in the device's weight memory, which on a phone would wake it to kill an app)"
+)
+
+
 class Context(Protocol):
     """What a command gets from the command line: its arguments, the plugins, the streams."""
 
@@ -81,7 +88,8 @@ def add_play_arguments(parser: argparse.ArgumentParser) -> None:
         "--plot",
         type=Path,
         metavar="FILE.png",
-        help="draw the runs' timeline into a PNG (needs the 'plot' extra)",
+        help="draw the runs' timeline into a picture: .png, .jpg, .svg or .pdf (needs the "
+        "'plot' extra)",
     )
     parser.add_argument(
         "--progress",
@@ -164,9 +172,10 @@ def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str]) 
     args = ctx.args
     _check_driver(ctx.registry, args.driver)
     if args.plot is not None:
-        from npumanager.simulation.plot import require_matplotlib
+        from npumanager.simulation.plot import picture_format, require_matplotlib
 
         require_matplotlib()
+        picture_format(args.plot)
     for path in (args.trace, args.plot):
         if path is not None:
             _check_writable(path)
@@ -203,6 +212,8 @@ def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str]) 
         and (key in ALWAYS_SHOWN or any(metrics[mode][key] for mode in modes))
     ]
     print(table(body, ["", *(mode.upper() for mode in modes)]), file=ctx.out)
+    if any(row[0] == _LABELS["overcommit_events"] for row in body):
+        print(LMK_NOTE, file=ctx.out)
     for line in written:
         print(line, file=ctx.out)
     return 0

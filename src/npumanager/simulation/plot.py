@@ -1,15 +1,18 @@
 """The timeline picture of one or more runs (extra `plot`: matplotlib, Agg backend).
 
 Per run, top to bottom: the channels over time, each stretch of execution coloured by its
-app, with unload requests (and, direct, loads that did not fit) marked; below it the
-temperature and the weight memory in use against the capacity.
+app (a colour chosen from the app's name, so the same app looks the same in every run and
+scenario, never the red or blue of the curves), with unload requests (and their reasons)
+and, direct, loads that did not fit marked; below it the temperature and the weight memory
+in use against the labelled capacity. PNG, JPEG, SVG or PDF, by the file's suffix.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import zlib
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,10 @@ from npumanager.telemetry.slices import SliceBuilder
 PLOT_EXTRA_HINT = "pip install 'npu-manager[plot]'"
 _GIB = 1 << 30
 _TITLES = {"direct": "direct: every app on the driver, no arbiter", "managed": "managed"}
+FORMATS = {".png": "png", ".jpg": "jpeg", ".jpeg": "jpeg", ".svg": "svg", ".pdf": "pdf"}
+"""The picture formats `--plot` writes, by file suffix."""
+_APP_PALETTE = tuple(index for index in range(20) if index not in (0, 1, 6, 7))
+"""tab20 without its blues and reds, which the memory and temperature curves use."""
 
 
 class MissingExtraError(NpuManagerError):
@@ -37,8 +44,25 @@ def require_matplotlib() -> None:
         raise MissingExtraError(f"--plot needs the 'plot' extra (matplotlib): {PLOT_EXTRA_HINT}")
 
 
+def picture_format(path: str | Path) -> str:
+    """The format a picture at `path` is written in, or a one-line error naming the suffixes."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in FORMATS:
+        allowed = ", ".join(FORMATS)
+        raise NpuManagerError(f"--plot {path}: write a picture ending in {allowed}")
+    return FORMATS[suffix]
+
+
 def draw_timeline(results: Sequence[RunResult], scenario: Scenario, path: str | Path) -> None:
-    """Draw every run of `results`, one above the other, into a PNG at `path`."""
+    """Draw every run of `results`, one above the other, into a picture at `path`."""
+    figure = build_figure(results, scenario)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(target, format=picture_format(target))
+
+
+def build_figure(results: Sequence[RunResult], scenario: Scenario) -> Any:
+    """The matplotlib figure of every run of `results`, one above the other."""
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -62,16 +86,30 @@ def draw_timeline(results: Sequence[RunResult], scenario: Scenario, path: str | 
     first.set_xlim(0, scenario.duration_ms)
     handles = [_patch(colour, name) for name, colour in colours.items()]
     figure.legend(handles=handles, loc="outside lower center", ncols=len(handles) + 2)
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(target, format="png")
+    return figure
+
+
+def app_colour_index(name: str, taken: Collection[int] = ()) -> int:
+    """The tab20 colour of an app: from a hash of its name, the next free one on a clash."""
+    start = zlib.crc32(name.encode()) % len(_APP_PALETTE)
+    for step in range(len(_APP_PALETTE)):
+        index = _APP_PALETTE[(start + step) % len(_APP_PALETTE)]
+        if index not in taken:
+            return index
+    return _APP_PALETTE[start]
 
 
 def _colours(scenario: Scenario) -> dict[str, Any]:
     from matplotlib import colormaps
 
-    palette = colormaps["tab10"]
-    return {app.name: palette(index % 10) for index, app in enumerate(scenario.apps)}
+    palette = colormaps["tab20"]
+    taken: set[int] = set()
+    chosen = {}
+    for name in sorted(app.name for app in scenario.apps):
+        index = app_colour_index(name, taken)
+        taken.add(index)
+        chosen[name] = index
+    return {app.name: palette(chosen[app.name]) for app in scenario.apps}
 
 
 def _patch(colour: Any, label: str) -> Any:
@@ -105,9 +143,11 @@ def _draw_lanes(
     ]
     ax.set_yticks(range(rows), labels)
     ax.set_ylim(rows - 0.4, -1.4)
-    for t_ms, app, _reason in result.unloads:
+    for t_ms, app, reason in result.unloads:
         ax.axvline(t_ms, color=colours.get(app, "black"), linestyle="--", linewidth=1)
         ax.plot([t_ms], [-0.9], marker="v", color=colours.get(app, "black"), markersize=8)
+        ax.annotate(reason.lower(), (t_ms, -0.9), xytext=(4, 2), textcoords="offset points",
+                    fontsize=7, color=colours.get(app, "black"))  # fmt: skip
     for t_ms, app in result.load_failures:
         ax.plot([t_ms], [-0.9], marker="x", color=colours.get(app, "red"), markersize=8)
     notes = []
@@ -130,6 +170,8 @@ def _draw_health(ax: Any, result: RunResult) -> None:
     memory_ax.plot(times, memory, color="tab:blue", linewidth=1.2, label="weight memory (GiB)")
     capacity = result.metrics.weight_memory_capacity_bytes / _GIB
     memory_ax.axhline(capacity, color="tab:blue", linestyle=":", linewidth=1)
+    memory_ax.annotate(f"capacity {capacity:.2f} GiB", (0, capacity), xytext=(2, 2),
+                       textcoords="offset points", fontsize=8, color="tab:blue")  # fmt: skip
     memory_ax.set_ylim(0, capacity * 1.15)
     memory_ax.set_ylabel("weight memory (GiB)", color="tab:blue")
     ax.set_xlabel("virtual time (ms)")
