@@ -111,11 +111,15 @@ def test_a_directory_is_an_error_however_it_is_named(tmp_path: Path) -> None:
 def test_no_home_and_no_passwd_entry_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     import pwd
 
+    from npumanager.telemetry.jsonl import default_path
+
     def no_entry(uid: int) -> pwd.struct_passwd:
         raise KeyError(uid)
 
-    monkeypatch.delenv("HOME", raising=False)
-    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    for var in ("HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR"):
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(pwd, "getpwuid", no_entry)
     with pytest.raises(ConfigError, match="no home directory .* set HOME, or NPUMANAGER_CONFIG"):
         load_config(environ={})
+    with pytest.raises(ConfigError, match=r"set HOME, or give the sink a path"):
+        default_path()
