@@ -93,3 +93,11 @@ def test_the_health_interval_is_documented_with_its_defaults() -> None:
     assert "--health-interval-ms" in README
     assert f"by default {DEFAULT_HEALTH_INTERVAL_MS} in real time" in README
     assert f"{HEALTH_SAMPLE_INTERVAL_MS} in virtual time" in README
+
+
+def test_contributing_gives_the_registration_hooks_return_values_as_they_are() -> None:
+    from npumanager.core import hookspecs
+
+    guide = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    assert "a single record, or `None`" in guide
+    assert "npumanager_unavailable" in guide and hasattr(hookspecs, "npumanager_unavailable")
