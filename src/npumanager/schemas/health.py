@@ -28,6 +28,8 @@ class MemoryReading(_Health):
     """Memory pressure from one place (the system, a cgroup), as a level and its inputs."""
 
     name: Name
+    path: str | None = None
+    """The file read, as the machine names it, if any."""
     level: Annotated[int, Field(ge=MEMORY_PRESSURE_NONE, le=MEMORY_PRESSURE_CRITICAL)]
     """0 none, 1 moderate, 2 critical: what the `pressure` policy takes."""
     some_avg10: Percent | None = None

@@ -182,5 +182,5 @@ DEFAULT_PSI_SOME_CRITICAL: Final = 40.0
 """PSI `some` share (percent) at which memory pressure is 2."""
 CAP_SYS_RESOURCE: Final = 24
 """The capability bit that lets a process create PSI triggers of any window."""
-MAX_HEALTH_FILE_BYTES: Final = 4096
-"""The most one sysfs or procfs read takes: every file the health sources read is small."""
+MAX_HEALTH_FILE_BYTES: Final = 64 << 10
+"""The most of one sysfs or procfs file the health sources read: every one they read is small."""

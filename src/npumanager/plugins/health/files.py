@@ -53,7 +53,12 @@ class Files:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
             try:
-                data = os.read(fd, MAX_HEALTH_FILE_BYTES)
+                data = b""
+                while len(data) < MAX_HEALTH_FILE_BYTES:
+                    chunk = os.read(fd, MAX_HEALTH_FILE_BYTES - len(data))
+                    if not chunk:
+                        break
+                    data += chunk
             finally:
                 os.close(fd)
             return data.decode("ascii").strip()

@@ -326,6 +326,7 @@ class Memory:
             readings.append(
                 MemoryReading(
                     name=place.name,
+                    path=None if place.path is None else self._files.shown(place.path),
                     level=level,
                     some_avg10=some,
                     full_avg10=full,
