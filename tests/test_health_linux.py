@@ -115,8 +115,7 @@ def test_a_garbage_temperature_turns_that_zone_off_with_one_log_line(
     assert sample.severity(0) is ThermalSeverity.NONE
     lines = [r.getMessage() for r in caplog.records if "thermal_zone0/temp" in r.getMessage()]
     assert lines == [
-        "/sys/class/thermal/thermal_zone0/temp: not a whole number ('hot!'); "
-        "that reading is off"
+        "/sys/class/thermal/thermal_zone0/temp: not a whole number ('hot!'); that reading is off"
     ]
 
 
