@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import threading
 from collections.abc import Callable
 from typing import Any, TextIO
@@ -23,19 +24,24 @@ _LEVELS = ("none", "moderate", "critical")
 def parse_source(flag: str, spec: str) -> tuple[str, dict[str, Any]]:
     """`NAME[:KEY=VALUE,...]` as a source name and its options (whole numbers become ints)."""
     name, _, rest = spec.partition(":")
+    if not name:
+        raise NpuManagerError(f"{flag} {spec!r}: name a health source first, e.g. linux:root=/")
     options: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
-        key, equals, value = item.partition("=")
-        if not equals or not key:
+    for item in rest.split(",") if rest else ():
+        match = _OPTION.fullmatch(item)
+        if match is None:
             raise NpuManagerError(
                 f"{flag} {spec!r}: options are KEY=VALUE separated by commas; got {item!r}"
             )
+        key, value = match.groups()
         if key in options:
             raise NpuManagerError(f"{flag} {spec!r}: option {key!r} given twice")
-        options[key] = int(value) if value.lstrip("-").isdigit() else value
-    if not name:
-        raise NpuManagerError(f"{flag} {spec!r}: name a health source first, e.g. linux:root=/")
+        options[key] = int(value) if _WHOLE.fullmatch(value) else value
     return name, options
+
+
+_OPTION = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)")
+_WHOLE = re.compile(r"-?[0-9]+")
 
 
 def add_health(add: Callable[..., argparse.ArgumentParser]) -> None:

@@ -7,15 +7,13 @@ use), `freq/current_freq` (MHz now, 0 while idle) against `freq/hw_max_freq`, or
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from npumanager.plugins.health.files import Files
+from npumanager.plugins.health.files import Files, numbered
 from npumanager.schemas import DeviceReading
 from npumanager.schemas.limits import MAX_DEVICES
 
-_ACCEL = re.compile(r"^accel(\d+)$")
 _FIELDS = {
     "busy_time_us": ("npu_busy_time_us",),
     "memory_used_bytes": ("npu_memory_utilization",),
@@ -36,13 +34,8 @@ class Accel:
 
 def discover(files: Files) -> list[Accel]:
     """The accelerators under the root, each with the files it has (a missing one logged)."""
-    base = files.path("/sys/class/accel")
-    try:
-        found = sorted((int(m.group(1)), p) for p in base.iterdir() if (m := _ACCEL.match(p.name)))
-    except OSError:
-        return []
     accels = []
-    for number, directory in found:
+    for number, directory in numbered(files.path("/sys/class/accel"), "accel"):
         if number >= MAX_DEVICES:
             continue
         paths = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 
 from npumanager.schemas.limits import MAX_HEALTH_FILE_BYTES
@@ -84,3 +85,12 @@ class Files:
             self.off(path, f"out of range ({value} < {low})")
             return None
         return value
+
+
+def numbered(base: Path, prefix: str) -> list[tuple[int, Path]]:
+    """The entries of `base` named `<prefix><number>`, by number (none if it is absent)."""
+    pattern = re.compile(rf"^{re.escape(prefix)}(\d+)$")
+    try:
+        return sorted((int(m.group(1)), p) for p in base.iterdir() if (m := pattern.match(p.name)))
+    except OSError:
+        return []

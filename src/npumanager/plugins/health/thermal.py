@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from npumanager.plugins.health.files import Files
+from npumanager.plugins.health.files import Files, numbered
 from npumanager.schemas import ThermalReading, ThermalSeverity
 
 TRIP_SEVERITY = {
@@ -25,7 +25,6 @@ TRIP_SEVERITY = {
 """What reaching a trip point of each kernel type means for the accelerator."""
 ABSOLUTE_ZERO_MC = -273_150
 _TRIP_TYPE = re.compile(r"^trip_point_(\d+)_type$")
-_ZONE = re.compile(r"^thermal_zone(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -67,13 +66,8 @@ def discover(
     files: Files, rules: list[ZoneRule], exclude: list[str], thresholds: bool
 ) -> list[Zone]:
     """The zones under the root that the rules pick (first matching rule wins), sorted."""
-    base = files.path("/sys/class/thermal")
-    try:
-        entries = sorted((int(m.group(1)), p) for p in base.iterdir() if (m := _ZONE.match(p.name)))
-    except OSError:
-        return []
     zones = []
-    for _, directory in entries:
+    for _, directory in numbered(files.path("/sys/class/thermal"), "thermal_zone"):
         kind = files.text(directory / "type")
         if kind is None:
             continue
