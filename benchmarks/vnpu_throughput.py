@@ -3,7 +3,8 @@
 Ways in:
 
 * bulk: the workload is handed over as periodic generators; vnpu runs it in C and
-  events come back as raw record batches (counted, not converted);
+  events come back as raw record batches (counted, not converted); on the default (fair)
+  device and, as the baseline in the same run, on a `scheduler="strict"` one;
 * single: Python submits one job at a time, advances, and reads every event back as a
   light `WorkEvent` record;
 * c_floor: the same one-at-a-time loop driven from C alone;
@@ -26,7 +27,7 @@ import time
 from typing import Any
 
 from npumanager.core.events import EventKind
-from npumanager.schemas.device import DeviceSpec
+from npumanager.schemas.device import DeviceSpec, Scheduler
 from npumanager.vendor_drivers.reference import ReferenceDriver
 from npumanager.vendor_drivers.vnpu import VnpuDriver
 from npumanager.vendor_drivers.vnpu._vnpu import ffi, lib
@@ -56,9 +57,9 @@ def periodic_workload(driver: Any, items: int) -> int:
     return per * PERIOD_US + 1_000
 
 
-def bulk_vnpu(items: int) -> tuple[float, int]:
+def bulk_vnpu(items: int, scheduler: Scheduler = Scheduler.FAIR) -> tuple[float, int]:
     """Items per second and events produced, all in C, events drained as raw batches."""
-    driver = VnpuDriver(1, max_live_work=1 << 20)
+    driver = VnpuDriver([DeviceSpec(scheduler=scheduler)], max_live_work=1 << 20)
     end = periodic_workload(driver, items)
     handle = driver.engine.handle  # type: ignore[attr-defined]
     buf = ffi.new("vnpu_event[]", BATCH)
@@ -171,7 +172,10 @@ def main() -> None:
     parser.add_argument("--slice-us", type=int, default=1000)
     args = parser.parse_args()
 
-    bulk = [bulk_vnpu(args.items) for _ in range(args.repeats)]
+    bulk, strict = [], []
+    for _ in range(args.repeats):  # alternating, so both see the same neighbours
+        bulk.append(bulk_vnpu(args.items))
+        strict.append(bulk_vnpu(args.items, Scheduler.STRICT)[0])
     ref = [bulk_reference(args.reference_items) for _ in range(args.repeats)]
     single = [single_vnpu(args.single_items) for _ in range(args.repeats)]
     floor = [c_floor(args.single_items * 5) for _ in range(args.repeats)]
@@ -180,6 +184,8 @@ def main() -> None:
     ref_rate = statistics.median(r for r, _ in ref)
     result = {
         "vnpu_items_per_s": round(vnpu_rate),
+        "vnpu_strict_items_per_s": round(statistics.median(strict)),
+        "fair_over_strict": round(vnpu_rate / statistics.median(strict), 3),
         "vnpu_single_items_per_s": round(statistics.median(single)),
         "reference_items_per_s": round(ref_rate),
         "ratio": round(vnpu_rate / ref_rate, 1),

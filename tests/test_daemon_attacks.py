@@ -412,9 +412,9 @@ def test_a_dropped_connection_is_freed_at_once_without_the_garbage_collector(
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
             client.connect(str(daemon.socket_path))
             client.sendall(encode(HELLO))
-            assert wait_for(lambda: len(daemon._connections) == 1)
-            connection = weakref.ref(next(iter(daemon._connections.values())))
-        assert wait_for(lambda: not daemon._connections)
+            assert wait_for(lambda: len(daemon.connections) == 1)
+            connection = weakref.ref(next(iter(daemon.connections.values())))
+        assert wait_for(lambda: not daemon.connections)
         assert wait_for(lambda: connection() is None, timeout=2), gc.get_referrers(connection())
     finally:
         gc.enable()

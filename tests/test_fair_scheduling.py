@@ -277,3 +277,20 @@ work = {kind = "loop", cost_us = 1000}
     assert device.scheduler == Scheduler.STRICT
     assert (device.floor_percent, device.floor_window_us) == (0, 5000)
     assert [b.first_priority for b in device.bands] == [0, 500]
+
+
+def test_many_uids_coming_and_going_run_alike_on_both_engines() -> None:
+    """More uids than vnpu keeps idle flows for (64 a device), their work interleaved."""
+    results = []
+    for factory in (ReferenceDriver, VnpuDriver):
+        driver = factory([SPEC.model_copy(update={"channels": 2})])
+        model = driver.load_model(0, weight_bytes=1)
+        for n in range(300):
+            driver.submit(model, uid=20_000 + n % 97, cost_cycles=30 + n % 7 * 40)
+            driver.advance(n % 5 * 30)
+        driver.update_scheduling_configs([SchedulingConfig(uid=20_003, app_priority=100)])
+        driver.run_until_idle()
+        results.append(driver.take_events())
+        driver.close()
+    assert results[0] == results[1]
+    assert sum(e.reason == EndReason.PAUSED for e in results[0]) > 10

@@ -3,9 +3,11 @@
 Written against npu-manager's public API only (`import npumanager`). The Acme N1 is one
 NPU with two execution channels, 2 GiB of weight memory and 4 MiB of SRAM at 800 MHz; its
 firmware schedules like npu-manager's reference device (priority bands, fair share between
-uids inside a band, preemption at slice boundaries, a thermal model), so the driver runs
-on `npumanager.ReferenceEngine` in virtual time. What the driver itself decides: the
-device it models, that there is exactly one of it, and what it claims.
+uids inside a band, preemption at slice boundaries, a thermal model), so the driver is an
+`npumanager.EngineDriver` on `npumanager.ReferenceEngine`, in virtual time: it gets the
+whole `npumanager.Driver` protocol and the `VirtualClock` and `ThermalModel` capabilities
+from that base. What the driver itself decides: the device it models, that there is
+exactly one of it, and what it claims.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from npumanager import (
     DriverCapability,
     DriverRecord,
     Engine,
+    EngineDriver,
     IllegalArgumentError,
     ReferenceEngine,
-    SimulatedDriver,
     hookimpl,
 )
 
@@ -46,7 +48,7 @@ CAPABILITIES = frozenset(
 """What the Acme driver claims: no MULTI_DEVICE (a board has one N1), no real time."""
 
 
-class AcmeDriver(SimulatedDriver):
+class AcmeDriver(EngineDriver):
     """The Acme N1 driver; `devices` may override the N1's spec, but there is only one."""
 
     def __init__(

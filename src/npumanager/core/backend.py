@@ -2,7 +2,8 @@
 
 It checks what a client may do (its feature declaration, its own requests, models and
 work, its permissions) and hands every decision to the arbiter through `Decisions`, under
-the service lock. The daemon's calls use it the same way an in-process manager does.
+the service lock. A `Service` hands it out as `service.backend`, so a daemon can drive it
+for its connections without an app-side manager in between.
 """
 
 from __future__ import annotations

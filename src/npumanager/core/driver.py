@@ -2,9 +2,9 @@
 
 `Driver` is the protocol the service is typed with; `VirtualClock`, `RealClock` and
 `ThermalModel` are the optional capabilities a driver may add (claimed in its
-`DriverRecord`). Preemption and several devices are behaviours, not calls: a driver that
-claims them adds no member, and the conformance suite checks them through the events and
-the device numbering. `DriverBase` is an optional helper for the HAL half: it validates
+`DriverRecord`). Preemption, fair share and several devices are behaviours, not calls: a
+driver that claims them adds no member, and the conformance suite checks them through the
+events and the device numbering. `DriverBase` is an optional helper for the HAL half: it validates
 and stores scheduling configs (nothing applied if any is bad), holds the one callback, and
 pushes raw events through the debouncer; a subclass applies configs to its device
 (`_apply_configs`) and hands over raw events in batches (`_emit`).
@@ -212,6 +212,7 @@ class DriverBase:
         self._configs: dict[int, SchedulingConfig] = {}
         self._callback: SchedulingCallback | BatchCallback | None = None
         self._debouncer = Debouncer(DEBOUNCE_DURATION_MS)
+        self._retained: list[WorkEvent] = []
         self.callback_errors = 0
         """Exceptions raised by the callback, logged and isolated."""
 
@@ -287,6 +288,23 @@ class DriverBase:
         out = self._debouncer.feed(events)
         out.extend(self._debouncer.flush_due(now_us))
         self._dispatch(out)
+
+    def _hand_over(self, events: Sequence[WorkEvent], now_us: int) -> None:
+        """Deliver raw events to the callback (debounced), or keep them for `take_events`."""
+        if self._callback is not None:
+            self._emit(events, now_us)
+        else:
+            self._retained.extend(events)
+
+    def pump(self) -> None:
+        """Hand the events that happened since the last call over (`_hand_over`)."""
+        raise NotImplementedError
+
+    def take_events(self) -> list[WorkEvent]:
+        """Raw events kept while no callback was registered, oldest first; clears them."""
+        self.pump()
+        events, self._retained = self._retained, []
+        return events
 
     def _next_debounce_due_us(self) -> int | None:
         return self._debouncer.next_due_us()

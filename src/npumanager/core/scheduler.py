@@ -139,8 +139,7 @@ class DeviceScheduler(Generic[J]):
         """Priorities changed: every job takes `effective_of(job)`; flows are rebuilt, and
         a flow that is new takes the least virtual runtime its band had before."""
         self._fold(t)
-        queued = [e[2] for e in self.heap] + [e[2] for f in self.flows.values() for e in f.queue]
-        running = [job for job in self.running if job is not None]
+        queued, running = self.waiting(), self._run()
         for job in queued + running:
             job.effective_priority = effective_of(job)
         if not self.fair:

@@ -1,10 +1,11 @@
 """The `npu` service: the arbiter's decisions carried out against a driver.
 
-One driver, one model-loading policy (a plugin), the clients' callbacks. Every input goes
-to the pure `Arbiter` under the service lock; the actions it returns are performed here:
-configs relayed to the driver, models revoked, callbacks queued on each client's executor
-and scheduled once the lock is released. Its parts live beside it: the request records
-(`requests`), the telemetry bridge (`telemetry_bridge`) and the clocks (`clocks`).
+One driver, one model-loading policy (a plugin), the clients' callbacks. `Service` builds
+them and is the facade of the owner's calls; its parts live beside it: `decisions` (the
+service lock, every arbiter input and the carrying out of its actions), `backend` (what
+the clients' managers call), `requests` (the records and their delivery queues),
+`telemetry_bridge` (sinks, listeners, health samples) and `clocks` (the virtual-time loop
+and the real-time service thread).
 
 In virtual time (`clock="virtual"`) nothing moves until `advance` or `run_until_idle`;
 callbacks run inline unless a client gives an executor. In real time a service thread
@@ -14,22 +15,17 @@ thread.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from npumanager.checks import check_int
-from npumanager.core.actions import (
-    Complete,
-    RequestState,
-    Revoke,
-)
+from npumanager.core.actions import Complete, RequestState, Revoke
 from npumanager.core.arbiter import Arbiter
 from npumanager.core.backend import LocalBackend
 from npumanager.core.client import NpuManager
 from npumanager.core.clocks import RealTime, VirtualTime
-from npumanager.core.decisions import Decisions
+from npumanager.core.decisions import Clock, Decisions
 from npumanager.core.dispatch import DeliveryStats, run_inline
 from npumanager.core.driver import Driver, ThermalModel, VirtualTimeDriver
 from npumanager.core.events import WorkEvent
@@ -39,11 +35,11 @@ from npumanager.core.plugins import PluginRegistry, load_plugins
 from npumanager.core.policy import Policy, build_policy, policy_name
 from npumanager.core.snapshot import build_snapshot
 from npumanager.core.telemetry_bridge import EventListener, TelemetryBridge
-from npumanager.errors import (
-    IllegalArgumentError,
-)
+from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import DriverCapability, ModelLoadRequest, ModelPolicy
+from npumanager.schemas.device import DeviceSpec
 from npumanager.schemas.limits import (
+    DEFAULT_RUN_UNTIL_IDLE_MS,
     DEFAULT_SINK_QUEUE_EVENTS,
     DEFAULT_UNLOAD_GRACE_MS,
     INT32_MAX,
@@ -52,10 +48,6 @@ from npumanager.schemas.limits import (
 )
 from npumanager.telemetry import SinkHandle, SinkStats, TelemetryHub
 
-log = logging.getLogger(__name__)
-
-Clock = Literal["real", "virtual"]
-_LOADABLE = frozenset({RequestState.GRANTED, RequestState.LOADED})
 __all__ = ["Clock", "EventListener", "Service", "policy_name"]
 
 
@@ -69,7 +61,7 @@ class Service:
         *,
         policy_params: Mapping[str, Any] | None = None,
         clock: Clock = "real",
-        devices: Any = 1,
+        devices: int | Sequence[DeviceSpec | Mapping[str, Any]] = 1,
         driver_options: Mapping[str, Any] | None = None,
         unload_grace_ms: int = DEFAULT_UNLOAD_GRACE_MS,
         feature_mode: Literal["warn", "block"] = "warn",
@@ -138,7 +130,12 @@ class Service:
             self._real = RealTime(self._decisions, self.driver)
             self._real.start()
 
-    def _make_driver(self, driver: str | Driver, devices: Any, options: dict[str, Any]) -> Driver:
+    def _make_driver(
+        self,
+        driver: str | Driver,
+        devices: int | Sequence[DeviceSpec | Mapping[str, Any]],
+        options: dict[str, Any],
+    ) -> Driver:
         if not isinstance(driver, str):
             return driver
         record = self.registry.driver(driver)
@@ -152,7 +149,13 @@ class Service:
             )
         if DriverCapability.REAL_TIME in record.capabilities:
             options.setdefault("clock", self.clock)
-        made: Driver = record.factory(devices, **options)
+        made = record.factory(devices, **options)
+        if not isinstance(made, Driver):
+            missing = [n for n in vars(Driver) if not n.startswith("_") and not hasattr(made, n)]
+            raise IllegalArgumentError(
+                f"driver {driver!r} built a {type(made).__name__}, which is not a Driver: "
+                f"it lacks {', '.join(missing)} (see npumanager.core.driver.Driver)"
+            )
         return made
 
     def _make_policy(
@@ -321,7 +324,7 @@ class Service:
                 return self.arbiter.next_deadline_ms() is None
         return self._virtual.quiescent()
 
-    def run_until_idle(self, max_ms: int = 60_000) -> None:
+    def run_until_idle(self, max_ms: int = DEFAULT_RUN_UNTIL_IDLE_MS) -> None:
         """Virtual time: advance until the driver is idle and no decision is due."""
         self._virtual_time("run_until_idle").run_until_idle(max_ms)
 

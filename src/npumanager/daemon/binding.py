@@ -31,16 +31,30 @@ def lock_path(path: Path) -> Path:
 
 
 class Binding:
-    """The listening socket at a path, and the lock that keeps a second daemon off it."""
+    """The listening socket at a path, and the lock that keeps a second daemon off it.
 
-    def __init__(self, path: Path, listener: socket.socket, lock_fd: int) -> None:
+    An inherited socket (systemd's socket activation) has no lock: its socket unit owns
+    the path, and closing leaves the file for the next activation.
+    """
+
+    def __init__(self, path: Path, listener: socket.socket, lock_fd: int | None) -> None:
         self.path = path
         self.listener = listener
-        self._lock_fd: int | None = lock_fd
+        self._lock_fd = lock_fd
+        self.inherited = lock_fd is None
+
+    @classmethod
+    def adopt(cls, listener: socket.socket) -> Binding:
+        """A binding for a listening socket handed over by the service manager."""
+        listener.setblocking(False)
+        name = listener.getsockname()
+        return cls(Path(name if isinstance(name, str) else "<unnamed>"), listener, None)
 
     def close(self) -> None:
-        """Stop listening, remove the socket and the lock file."""
+        """Stop listening; remove the socket and the lock file unless they were inherited."""
         self.listener.close()
+        if self.inherited:
+            return
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
         if self._lock_fd is not None:

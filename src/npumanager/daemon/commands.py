@@ -17,6 +17,7 @@ from npumanager.daemon.options import (
     socket_option,
 )
 from npumanager.daemon.serve import add_serve
+from npumanager.daemon.units import add_units
 from npumanager.errors import NpuManagerError
 from npumanager.schemas import Importance
 from npumanager.schemas.limits import (
@@ -32,6 +33,7 @@ from npumanager.tables import format_table
 def register(add: Add) -> None:
     """Add the daemon's subcommands to the CLI's parser."""
     add_serve(add)
+    add_units(add)
 
     info = add("info", cmd_info, "show a running daemon's policy, priorities, requests, devices")
     info.add_argument(

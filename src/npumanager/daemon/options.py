@@ -29,7 +29,8 @@ def socket_option(parser: argparse.ArgumentParser) -> None:
         "--socket",
         type=Path,
         metavar="PATH",
-        help="the daemon's socket (default: $NPUMANAGER_SOCKET or the per-user runtime socket)",
+        help="the daemon's socket (default: $NPUMANAGER_SOCKET, else the per-user runtime "
+        "socket, else the system service's /run/npu-manager/npu.sock)",
     )
 
 

@@ -18,6 +18,8 @@ APP_NAME = "npu-manager"
 SOCKET_NAME = "npu.sock"
 SOCKET_ENV = "NPUMANAGER_SOCKET"
 """An environment variable naming the socket, for clients and the daemon alike."""
+SYSTEM_SOCKET_PATH = "/run/npu-manager/npu.sock"
+"""The system service's socket (its socket unit's `ListenStream=`)."""
 
 _UCRED = struct.Struct("iII")
 """struct ucred: pid_t (signed), uid_t and gid_t (unsigned 32-bit: ids of 2**31 and more exist)."""
@@ -71,14 +73,24 @@ def answers(path: Path) -> bool:
     return True
 
 
-def default_socket_path() -> Path:
-    """`$NPUMANAGER_SOCKET`, else `npu-manager/npu.sock` in the user's runtime directory."""
-    named = os.environ.get(SOCKET_ENV)
-    if named:
-        return Path(named)
+def user_socket_path() -> Path:
+    """`npu-manager/npu.sock` in the user's runtime directory: where `serve` listens."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
         return Path(platformdirs.user_runtime_dir(APP_NAME)) / SOCKET_NAME
+
+
+def default_socket_path() -> Path:
+    """Where a client looks: `$NPUMANAGER_SOCKET`; else the user's own daemon's socket if
+    there is one; else the system service's (`SYSTEM_SOCKET_PATH`) if there is one; else
+    the user's (so the error names it)."""
+    named = os.environ.get(SOCKET_ENV)
+    if named:
+        return Path(named)
+    user = user_socket_path()
+    if not user.exists() and Path(SYSTEM_SOCKET_PATH).exists():
+        return Path(SYSTEM_SOCKET_PATH)
+    return user
 
 
 def group_id(name_or_id: str) -> int:

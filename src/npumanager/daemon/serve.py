@@ -6,7 +6,9 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from npumanager.daemon.options import (
@@ -182,17 +184,45 @@ def health_specs(ctx: CommandContext) -> list[tuple[str, dict[str, Any]]]:
     return [(DEFAULT_SOURCE, {})] if real and sys.platform.startswith("linux") else []
 
 
+def _inherited_listener(args: argparse.Namespace) -> socket.socket | None:
+    """The one listening socket systemd passed (socket activation), or None."""
+    from npumanager.daemon.systemd import inherited_sockets
+
+    inherited = inherited_sockets()
+    if not inherited:
+        return None
+    if len(inherited) > 1:
+        names = ", ".join(name for name, _ in inherited)
+        raise NpuManagerError(
+            f"systemd passed {len(inherited)} sockets ({names}); the daemon serves exactly one "
+            "(one ListenStream= in its socket unit)"
+        )
+    name, listener = inherited[0]
+    where = listener.getsockname()
+    if args.socket is not None and str(args.socket) != where:
+        raise NpuManagerError(
+            f"--socket {args.socket} differs from the socket systemd passed ({where}); "
+            "leave --socket out under socket activation"
+        )
+    if args.socket_group:
+        log.warning("--socket-group is ignored: the socket unit's SocketGroup= applies")
+    log.info("serving the socket systemd passed: %s (%s)", where, name)
+    return listener
+
+
 def cmd_serve(ctx: CommandContext) -> int:
     """Serve one arbiter on the socket until SIGTERM or SIGINT."""
     from npumanager.core.service import Service
-    from npumanager.daemon.peer import SOCKET_ENV, default_socket_path, group_id
+    from npumanager.daemon.peer import SOCKET_ENV, group_id, user_socket_path
     from npumanager.daemon.server import Daemon
 
     args = ctx.args
     logging.basicConfig(stream=ctx.err, level=args.log_level.upper(), format=_LOG_FORMAT)
     logging.captureWarnings(True)
-    path = args.socket or default_socket_path()
-    default_place = args.socket is None and not os.environ.get(SOCKET_ENV)
+    listener = _inherited_listener(args)
+    named = args.socket or os.environ.get(SOCKET_ENV)
+    path = Path(named) if named else user_socket_path()
+    default_place = named is None
     socket_group = group_id(args.socket_group) if args.socket_group else None
     management_group = group_id(args.management_group) if args.management_group else None
     limits = limits_of(args)
@@ -220,6 +250,7 @@ def cmd_serve(ctx: CommandContext) -> int:
             management_group=management_group,
             limits=limits,
             create_socket_dir=default_place,
+            listener=listener,
         )
         daemon.bind()
     except OSError as exc:

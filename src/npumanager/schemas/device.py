@@ -119,7 +119,8 @@ DEFAULT_BANDS: Final = (
 
 
 class DeviceSpec(_Spec):
-    """One simulated NPU: how many channels, how much memory, how fast, how hot."""
+    """One simulated NPU: how many channels, how much memory, how fast, how hot, and how
+    it shares its channels between uids."""
 
     channels: Annotated[int, Field(ge=1, le=MAX_CHANNELS)] = 4
     sram_bytes: Positive = 8 * _MIB

@@ -45,6 +45,26 @@ DEFAULT_MAX_MODELS: Final = 1024
 """Models a simulated driver holds loaded at once."""
 DEFAULT_EVENT_RING: Final = 1 << 16
 """Raw events a simulated driver buffers before the reader must drain."""
+MAX_LIVE_WORK: Final = 1 << 24
+"""The largest `max_live_work` a simulated driver may be opened with."""
+MAX_MODELS: Final = 1 << 20
+"""The largest `max_models` a simulated driver may be opened with."""
+MAX_COST_CYCLES: Final = INT64_MAX // 100
+"""The costliest job, in cycles: its remaining work times a throttle percentage fits int64."""
+MAX_PERIODIC_US: Final = INT64_MAX // 4
+"""The latest start and the longest period of device-generated arrivals."""
+MAX_BURST: Final = 1 << 16
+"""Jobs one periodic arrival may bring at once."""
+MAX_HEAT_STEP_MC: Final = 10**9
+"""The largest thermal spike (up or down) `add_heat` takes, in milli-degrees Celsius."""
+MAX_RUNTIME_DEVICES: Final = 1 << 10
+"""Devices a driver over a real runtime (`onnxruntime`) may open."""
+MAX_INTRA_OP_THREADS: Final = 256
+"""Threads one `onnxruntime` session may use inside an operator."""
+MAX_CALIBRATION_RUNS: Final = 100
+"""Timed runs the `onnxruntime` driver may make of a model at load to measure its cost."""
+DEFAULT_RUN_UNTIL_IDLE_MS: Final = 60_000
+"""How much virtual time `Service.run_until_idle` gives at most, unless told."""
 
 DEFAULT_UNLOAD_GRACE_MS: Final = 5_000
 """How long a client asked to unload may take before its models are revoked."""

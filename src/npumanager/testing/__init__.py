@@ -23,23 +23,17 @@ What a subclass may set or override:
 - ``thread_safe``: True if ``submit`` may be called from several threads at once.
 - ``real_time_timeout_s``: how long a real-time wait may take before the test fails.
 
-The driver interface the suite uses (what `SimulatedDriver` offers):
-
-- the scheduling HAL of `DriverBase`: ``set_scheduling_configs``,
-  ``update_scheduling_configs``, ``scheduling_configs``, ``set_callback(cb,
-  debounce_duration_ms=50)``, ``debounce_duration_ms``;
-- ``load_model(device, *, weight_bytes, sram_bytes=0) -> handle`` (a load that does not
-  fit raises `CapacityError` and changes nothing), ``submit(model, *, uid, cost_cycles,
-  job_priority=0, original_uid=None) -> work id``, ``cancel(work_id)`` (an id that is not
-  live is a `LookupError`);
-- ``describe_devices()``, ``device_state(n)`` (a `DeviceStatus`), ``take_events()``
-  (raw `WorkEvent`s held while no callback is registered), ``close()``;
-- time: with ``virtual_time`` claimed, ``advance(us)`` and ``run_until_idle()``; without
-  it, ``run_until_idle(max_us)`` waits (at most ``max_us`` of wall time) until idle, the
-  suite sleeps instead of advancing, polls ``device_state(n).queue_depth`` and
-  ``.running`` (work ids, -1 for a free channel) for idleness, and asserts nothing about
-  timing;
-- ``add_heat(device, millicelsius)`` if ``thermal_model`` is claimed.
+The driver interface the suite uses is the `Driver` protocol of `npumanager.core.driver`
+(exported as `npumanager.Driver`), where every member is documented: the scheduling HAL
+(``set_scheduling_configs``, ``update_scheduling_configs``, ``scheduling_configs``,
+``set_callback``, ``debounce_duration_ms``), the devices (``device_count``,
+``describe_devices``, ``device_state``), ``now_us``, models (``load_model``,
+``unload_model``), work (``submit``, ``cancel``), events (``pump``, ``take_events``),
+``run_until_idle`` and ``close``. A capability claimed brings its own small protocol:
+``virtual_time`` is `VirtualClock` (``advance``, ``idle``), ``thermal_model`` is
+`ThermalModel` (``add_heat``), ``real_time`` may add `RealClock` (``fileno``). Without
+``virtual_time`` the suite sleeps instead of advancing, polls ``device_state(n)`` for
+idleness and asserts nothing about timing.
 
 Every assertion message starts with the name of the HAL rule it checks, so a driver that
 breaks a rule fails with a message that names it.

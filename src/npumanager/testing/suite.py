@@ -28,7 +28,8 @@ from npumanager.schemas import (
 from npumanager.schemas.device import DeviceSpec
 
 Driver = Any
-"""A driver object; the suite uses only the calls listed in the package docstring."""
+"""A driver: a `core.driver.Driver`, plus the capability protocols it claims (so the suite
+may call `advance` or `add_heat` on it after checking the claim)."""
 Factory = Callable[..., Driver]
 _F = TypeVar("_F", bound=Callable[..., Any])
 

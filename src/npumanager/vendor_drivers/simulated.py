@@ -25,7 +25,13 @@ from npumanager.schemas.limits import (
     INT32_MAX,
     INT32_MIN,
     INT64_MAX,
+    MAX_BURST,
+    MAX_COST_CYCLES,
     MAX_DEVICES,
+    MAX_HEAT_STEP_MC,
+    MAX_LIVE_WORK,
+    MAX_MODELS,
+    MAX_PERIODIC_US,
     MAX_PRIORITY,
     MIN_PRIORITY,
     SIMULATION_HORIZON_US,
@@ -55,7 +61,7 @@ def _job(
         uid,
         original,
         check_int("job_priority", job_priority, MIN_PRIORITY, MAX_PRIORITY),
-        check_int("cost_cycles", cost_cycles, 1, INT64_MAX // 100),
+        check_int("cost_cycles", cost_cycles, 1, MAX_COST_CYCLES),
     )
 
 
@@ -156,9 +162,8 @@ class EngineDriver(DriverBase):
     ) -> None:
         super().__init__()
         self.specs = device_specs(devices)
-        self.max_live_work = check_int("max_live_work", max_live_work, 1, 1 << 24)
-        self.max_models = check_int("max_models", max_models, 1, 1 << 20)
-        self._retained: list[WorkEvent] = []
+        self.max_live_work = check_int("max_live_work", max_live_work, 1, MAX_LIVE_WORK)
+        self.max_models = check_int("max_models", max_models, 1, MAX_MODELS)
         self._closed = False
         self.engine = self._make_engine()
 
@@ -262,13 +267,13 @@ class EngineDriver(DriverBase):
         self._open()
         job = _job(model, uid, original_uid, job_priority, cost_cycles)
         now = self.now_us
-        start = now if start_us is None else check_int("start_us", start_us, now, INT64_MAX // 4)
+        start = now if start_us is None else check_int("start_us", start_us, now, MAX_PERIODIC_US)
         self.engine.add_periodic(
             *job,
-            check_int("period_us", period_us, 1, INT64_MAX // 4),
+            check_int("period_us", period_us, 1, MAX_PERIODIC_US),
             start,
             check_int("count", count, 1, INT32_MAX),
-            check_int("burst", burst, 1, 1 << 16),
+            check_int("burst", burst, 1, MAX_BURST),
             group_bytes(group_id),
             self._feature(feature_id),
             check_int("debug_pid", debug_pid, INT32_MIN, INT32_MAX),
@@ -288,7 +293,8 @@ class EngineDriver(DriverBase):
         """A thermal spike: the device's temperature jumps by `millicelsius` now."""
         self._open()
         self.engine.add_heat(
-            self._device(device), check_int("millicelsius", millicelsius, -(10**9), 10**9)
+            self._device(device),
+            check_int("millicelsius", millicelsius, -MAX_HEAT_STEP_MC, MAX_HEAT_STEP_MC),
         )
 
     # Time -----------------------------------------------------------------------------
@@ -324,17 +330,7 @@ class EngineDriver(DriverBase):
 
     def pump(self) -> None:
         """Deliver the engine's new events to the callback, or keep them for `take_events`."""
-        events = self.engine.take_events()
-        if self.has_callback:
-            self._emit(events, self.now_us)
-        else:
-            self._retained.extend(events)
-
-    def take_events(self) -> list[WorkEvent]:
-        """Raw events kept while no callback was registered, oldest first; clears them."""
-        self.pump()
-        events, self._retained = self._retained, []
-        return events
+        self._hand_over(self.engine.take_events(), self.now_us)
 
     def idle(self) -> bool:
         """True when no work is live and no arrival is pending: time alone changes nothing."""

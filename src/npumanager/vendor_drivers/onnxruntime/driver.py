@@ -54,7 +54,14 @@ from npumanager.schemas.device import (
     Scheduler,
     ThermalSpec,
 )
-from npumanager.schemas.limits import INT64_MAX, MIN_PRIORITY, SIMULATION_HORIZON_US
+from npumanager.schemas.limits import (
+    INT64_MAX,
+    MAX_CALIBRATION_RUNS,
+    MAX_INTRA_OP_THREADS,
+    MAX_RUNTIME_DEVICES,
+    MIN_PRIORITY,
+    SIMULATION_HORIZON_US,
+)
 from npumanager.vendor_drivers.reference.engine import ReferenceEngine
 from npumanager.vendor_drivers.simulated import Engine, EngineDriver, device_specs
 
@@ -172,7 +179,7 @@ class OnnxRuntimeDriver(EngineDriver):
             raise IllegalArgumentError(f"clock must be one of {', '.join(CLOCKS)}; got {clock!r}")
         capacity = check_int("capacity_bytes", capacity_bytes, 1, INT64_MAX)
         if isinstance(devices, int):
-            count = check_int("devices", devices, 1, 1 << 10)
+            count = check_int("devices", devices, 1, MAX_RUNTIME_DEVICES)
             devices = [
                 DeviceSpec(channels=DEFAULT_CHANNELS, weight_memory_bytes=capacity)
                 for _ in range(count)
@@ -189,8 +196,12 @@ class OnnxRuntimeDriver(EngineDriver):
             for s in device_specs(devices)
         ]
         self.clock = clock
-        self.intra_op_threads = check_int("intra_op_threads", intra_op_threads, 1, 256)
-        self.calibration_runs = check_int("calibration_runs", calibration_runs, 1, 100)
+        self.intra_op_threads = check_int(
+            "intra_op_threads", intra_op_threads, 1, MAX_INTRA_OP_THREADS
+        )
+        self.calibration_runs = check_int(
+            "calibration_runs", calibration_runs, 1, MAX_CALIBRATION_RUNS
+        )
         self._lock = threading.RLock()
         self._sessions: dict[int, _Session] = {}
         self._pending: dict[int, tuple[_Session, dict[str, Any]]] = {}
@@ -307,11 +318,11 @@ class OnnxRuntimeDriver(EngineDriver):
 
     def engine_model_bytes(self, handle: int) -> int:
         """The weight bytes accounted for a loaded model."""
-        models = getattr(self.engine, "models", None)
-        entry = models.get(handle) if isinstance(models, dict) else None
+        assert isinstance(self.engine, ReferenceEngine)
+        entry = self.engine.models.get(handle)
         if entry is None:
             raise UnknownModelError(f"model {handle} is not loaded")
-        return int(entry.weight_bytes)
+        return entry.weight_bytes
 
     def cost_cycles(self, handle: int) -> int:
         """The measured cost of one inference of a model with an ONNX session."""
@@ -407,10 +418,7 @@ class OnnxRuntimeDriver(EngineDriver):
             self._sync()
             events = self.engine.take_events()
             self._run_completed(events)
-            if self.has_callback:
-                self._emit(events, self.engine.now_us())
-            else:
-                self._retained.extend(events)
+            self._hand_over(events, self.engine.now_us())
 
     def _run_completed(self, events: Sequence[WorkEvent]) -> None:
         for event in events:

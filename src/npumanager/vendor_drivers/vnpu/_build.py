@@ -29,7 +29,7 @@ ffibuilder.cdef(cdef_text(HEADER.read_text(encoding="utf-8")))
 ffibuilder.set_source(
     "npumanager.vendor_drivers.vnpu._vnpu",
     '#include "vnpu.h"',
-    sources=[f"{CSRC}/vnpu.c"],
+    sources=[f"{CSRC}/vnpu.c", f"{CSRC}/fair.c"],
     include_dirs=[CSRC],
     extra_compile_args=["-std=c99", "-O2", "-Wall", "-Wextra", "-pthread"],
     libraries=["pthread"],

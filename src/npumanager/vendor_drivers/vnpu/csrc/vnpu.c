@@ -1,9 +1,10 @@
 /* vnpu: the simulated NPU in C. The rules are those of vendor_drivers/reference/engine.py;
  * this file implements them with preallocated pools, per-device binary heaps keyed by
- * (effective priority, id), and an id->slot open-addressing table. */
+ * (effective priority, id) for the strict scheduler (fair.c holds the fair one), and an
+ * id->slot open-addressing table. */
 #define _GNU_SOURCE
 
-#include "vnpu.h"
+#include "vnpu_internal.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -13,202 +14,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CENTI 100
-#define NEVER ((int64_t)VNPU_NEVER)
-#define QUEUED 0
-#define RUNNING 1
-#define NO_SLOT (-1)
-
-/* ---------------------------------------------------------------------------------------
- * Types
- * ------------------------------------------------------------------------------------- */
-
-typedef struct {
-    int64_t id;
-    int64_t model;
-    int64_t remaining_cc;
-    int64_t run_start_us;
-    int64_t synced_us;
-    int32_t uid;
-    int32_t original_uid;
-    int32_t job_priority;
-    int32_t effective_priority;
-    int32_t debug_pid;
-    int32_t group_idx;
-    int32_t feature_idx;
-    int32_t device;
-    int32_t channel;
-    int32_t heap_pos;
-    int32_t next_free;
-    int32_t flow;     /* fair: the slot of the job's flow */
-    int64_t acct_us;  /* fair: virtual runtime charged up to here while running */
-    int32_t band;     /* fair: the band of effective_priority */
-    int32_t qprev;    /* fair: neighbours in the flow's queue, by (priority, id) */
-    int32_t qnext;
-    uint8_t state;
-    uint8_t started_before;
-} work_t;
-
-typedef struct {
-    int64_t id;
-    int64_t weight_bytes;
-    int64_t sram_bytes;
-    int32_t device;
-    int32_t next_free;
-} model_t;
-
-/* fair: one uid's work in one band of one device. */
-typedef struct {
-    int64_t key;
-    int64_t vruntime;
-    int32_t head, tail; /* queued work, by (effective priority, id) */
-    int32_t running;
-    int32_t band;
-    int32_t uid;
-    int32_t prev, next; /* the device's list of flows */
-    int32_t sim;        /* a cursor into the queue while picks are ranked */
-    int32_t next_free;
-    int32_t reused;
-} flow_t;
-
-typedef struct {
-    int64_t model;
-    int64_t cost_cycles;
-    int64_t period_us;
-    int64_t next_us;
-    int32_t uid;
-    int32_t original_uid;
-    int32_t job_priority;
-    int32_t remaining;
-    int32_t burst;
-    int32_t group_idx;
-    int32_t feature_idx;
-    int32_t debug_pid;
-} gen_t;
-
-/* Open addressing with linear probing over a table at most half full; key 0 marks an empty
- * slot. Keys are spread by Fibonacci hashing: sequential ids would otherwise form one long
- * cluster, and backward-shift deletion walks to the end of a key's cluster. */
-typedef struct {
-    int64_t key;
-    int32_t val;
-} entry_t;
-
-typedef struct {
-    entry_t *tab;
-    uint64_t mask;
-    int shift;
-} map_t;
-
-typedef struct {
-    vnpu_handle *h;
-    int32_t number;
-} worker_arg_t;
-
-typedef struct {
-    vnpu_spec spec;
-    int64_t temp_mc;
-    int64_t peak_temp_mc;
-    int32_t severity;
-    int64_t weight_used;
-    int32_t models;
-    int64_t next_tick_us;
-    int has_tick;
-    int dirty;
-    int64_t throttled_us;
-    int64_t throttled_since;
-    int throttling;
-    int32_t nch;
-    int32_t ch[VNPU_MAX_CHANNELS];
-    int32_t *heap;
-    int32_t heap_n;
-    int fair;
-    int32_t queued; /* fair: jobs in the flows' queues */
-    int32_t flows;  /* fair: the first flow of the device's list */
-    int64_t live[VNPU_MAX_BANDS];
-    int64_t busy[VNPU_MAX_BANDS];
-    int64_t credit[VNPU_MAX_BANDS];
-    int64_t folded_us;
-    int64_t checked_us;
-    gen_t *gens;
-    int32_t ngen;
-    int32_t gen_cap;
-    /* Cached minima, recomputed when stale: of the running jobs' completions (stale after
-     * any change to what runs, how far it got, or the clock speed) and of the generators'
-     * next arrivals (stale after any change to the generators). */
-    int64_t comp_min;
-    int comp_stale;
-    int64_t gen_min;
-    int gen_stale;
-    pthread_cond_t wake;
-    int wake_ready;
-    int64_t sleep_until;
-    pthread_t thread;
-    int thread_started;
-    worker_arg_t arg;
-} device_t;
-
-struct vnpu_handle {
-    pthread_mutex_t mu;
-    pthread_cond_t space;
-    int mu_ready;
-    int space_ready;
-    int real;
-    int closed;
-    int closing;
-    int64_t clock_us;
-    int32_t ndev;
-    device_t dev[VNPU_MAX_DEVICES];
-
-    int32_t max_live;
-    int32_t live;
-    int32_t pool_hw;
-    int32_t pool_free;
-    work_t *pool;
-    map_t work_map;
-    int64_t next_work_id;
-    int64_t *scratch;
-
-    int32_t max_models;
-    int32_t nmodels;
-    int32_t model_hw;
-    int32_t model_free;
-    model_t *models;
-    map_t model_map;
-    int64_t next_model_id;
-
-    flow_t *flowpool;
-    int32_t flow_hw;
-    int32_t flow_free;
-    map_t flow_map;
-
-    vnpu_config unknown;
-    vnpu_config *configs;
-    int32_t nconfigs;
-    map_t config_map;
-
-    vnpu_event *ev;
-    int64_t ev_cap;
-    int64_t ev_head;
-    int64_t ev_n;
-    int64_t ev_soft;
-    int64_t ev_total;
-    int64_t ev_dropped;
-    int64_t stalls;
-    int32_t sleeping;
-    int space_waiters;
-    int efd;
-    int efd_armed;
-};
-
 /* ---------------------------------------------------------------------------------------
  * Small helpers
  * ------------------------------------------------------------------------------------- */
-
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
-/* -(-a // b) for a >= 0, b > 0. */
-static int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 /* Python's a // b for b > 0. */
 static int64_t floor_div(int64_t a, int64_t b) {
@@ -239,47 +47,6 @@ static int map_init(map_t *m, int64_t entries) {
     m->mask = ((uint64_t)1 << bits) - 1;
     m->shift = 64 - bits;
     return VNPU_OK;
-}
-
-static uint64_t map_home(const map_t *m, int64_t key) {
-    return ((uint64_t)key * UINT64_C(0x9E3779B97F4A7C15)) >> m->shift;
-}
-
-static int32_t map_get(const map_t *m, int64_t key) {
-    if (key <= 0 || !m->tab) return NO_SLOT;
-    for (uint64_t i = map_home(m, key);; i = (i + 1) & m->mask) {
-        if (m->tab[i].key == key) return m->tab[i].val;
-        if (m->tab[i].key == 0) return NO_SLOT;
-    }
-}
-
-static void map_put(map_t *m, int64_t key, int32_t val) {
-    uint64_t i = map_home(m, key);
-    while (m->tab[i].key != 0 && m->tab[i].key != key) i = (i + 1) & m->mask;
-    m->tab[i].key = key;
-    m->tab[i].val = val;
-}
-
-/* Deletion by backward shift: later entries of the cluster move up so probes still work. */
-static void map_del(map_t *m, int64_t key) {
-    uint64_t i = map_home(m, key);
-    while (m->tab[i].key != key) {
-        if (m->tab[i].key == 0) return;
-        i = (i + 1) & m->mask;
-    }
-    uint64_t j = i;
-    for (;;) {
-        j = (j + 1) & m->mask;
-        if (m->tab[j].key == 0) break;
-        uint64_t k = map_home(m, m->tab[j].key);
-        /* Move j into the hole at i unless j's home lies cyclically in (i, j]. */
-        int stays = (i <= j) ? (i < k && k <= j) : (i < k || k <= j);
-        if (!stays) {
-            m->tab[i] = m->tab[j];
-            i = j;
-        }
-    }
-    m->tab[i].key = 0;
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -358,7 +125,7 @@ static int permitted(const vnpu_handle *h, int32_t uid, int32_t original_uid) {
     return original_uid == uid || c->can_attribute_other_uid;
 }
 
-static int32_t effective(const vnpu_handle *h, int32_t uid, int32_t original_uid,
+int32_t effective(const vnpu_handle *h, int32_t uid, int32_t original_uid,
                          int32_t job_priority) {
     const vnpu_config *c = config_of(h, uid);
     if (!c) c = &h->unknown;
@@ -385,11 +152,6 @@ static int config_valid(const vnpu_config *c) {
  * Heaps of queued work, keyed by (effective priority, id)
  * ------------------------------------------------------------------------------------- */
 
-static int key_less(const work_t *a, const work_t *b) {
-    if (a->effective_priority != b->effective_priority)
-        return a->effective_priority < b->effective_priority;
-    return a->id < b->id;
-}
 
 static int slot_less(const vnpu_handle *h, int32_t a, int32_t b) {
     return key_less(&h->pool[a], &h->pool[b]);
@@ -504,13 +266,6 @@ static int64_t completion_us(const device_t *d, const work_t *w) {
     return w->synced_us + c;
 }
 
-static int64_t boundary_us(const device_t *d, const work_t *w, int64_t now) {
-    int64_t slice = d->spec.slice_us;
-    int64_t elapsed = now - w->run_start_us;
-    int64_t k = elapsed > 0 ? ceil_div(elapsed, slice) : 0;
-    if (k < 1) k = 1;
-    return w->run_start_us + k * slice;
-}
 
 static void sync_work(device_t *d, work_t *w, int64_t t) {
     int64_t sp = speed(d);
@@ -530,384 +285,6 @@ static int32_t running_count(const device_t *d) {
     for (int32_t c = 0; c < d->nch; c++)
         if (d->ch[c] != NO_SLOT) n++;
     return n;
-}
-
-/* Running jobs (slots) by channel; m <= 64, so an insertion sort. */
-static void sort_by_channel(const vnpu_handle *h, int32_t *out, int32_t m) {
-    for (int32_t i = 1; i < m; i++) {
-        int32_t s = out[i], j = i;
-        while (j > 0 && h->pool[out[j - 1]].channel > h->pool[s].channel) {
-            out[j] = out[j - 1];
-            j--;
-        }
-        out[j] = s;
-    }
-}
-
-/* ---------------------------------------------------------------------------------------
- * Fair share (core/scheduler.py): bands, one flow per (band, uid) with a virtual runtime
- * and a queue by (effective priority, id), and a floor credit per band
- * ------------------------------------------------------------------------------------- */
-
-static int32_t band_of(const device_t *d, int32_t eff) {
-    int32_t b = 0;
-    for (int32_t i = 0; i < d->spec.nbands; i++)
-        if (eff >= d->spec.band_first[i]) b = i;
-    return b;
-}
-
-static int64_t weight_of(const device_t *d, const work_t *w) {
-    return VNPU_FAIR_WEIGHT_BASE + w->effective_priority - d->spec.band_first[w->band];
-}
-
-static int64_t flow_key(int32_t dn, int32_t band, int32_t uid) {
-    return ((int64_t)uid * VNPU_MAX_DEVICES + dn) * VNPU_MAX_BANDS + band + 1;
-}
-
-/* a + dt * rate kept within [lo, hi] without overflow (a is within already, dt >= 0). */
-static int64_t clamp_add(int64_t a, int64_t dt, int64_t rate, int64_t lo, int64_t hi) {
-    if (rate > 0) return dt > (hi - a) / rate ? hi : a + dt * rate;
-    if (rate < 0) return dt > (a - lo) / -rate ? lo : a + dt * rate;
-    return a;
-}
-
-/* Virtual runtimes and floor credits up to t; the rates have been constant since. */
-static void fold(vnpu_handle *h, device_t *d, int64_t t) {
-    if (!d->fair || t == d->folded_us) {
-        d->folded_us = t;
-        return;
-    }
-    int64_t dt = t - d->folded_us;
-    for (int32_t c = 0; c < d->nch; c++) {
-        if (d->ch[c] == NO_SLOT) continue;
-        work_t *w = &h->pool[d->ch[c]];
-        h->flowpool[w->flow].vruntime += (t - w->acct_us) * weight_of(d, w);
-        w->acct_us = t;
-    }
-    int64_t fl = d->spec.floor_percent, win = d->spec.floor_window_us, above = 0;
-    for (int32_t b = 0; b < d->spec.nbands; b++) {
-        if (d->live[b]) {
-            int64_t rate = fl * above - (100 - fl) * d->busy[b];
-            d->credit[b] = clamp_add(d->credit[b], dt, rate, -(100 - fl) * win, fl * win);
-        }
-        above += d->busy[b];
-    }
-    d->folded_us = t;
-}
-
-static void flow_link(vnpu_handle *h, int32_t *head, int32_t s) {
-    flow_t *f = &h->flowpool[s];
-    f->prev = NO_SLOT;
-    f->next = *head;
-    if (*head != NO_SLOT) h->flowpool[*head].prev = s;
-    *head = s;
-}
-
-static void flow_unlink(vnpu_handle *h, int32_t *head, int32_t s) {
-    flow_t *f = &h->flowpool[s];
-    if (f->prev != NO_SLOT)
-        h->flowpool[f->prev].next = f->next;
-    else
-        *head = f->next;
-    if (f->next != NO_SLOT) h->flowpool[f->next].prev = f->prev;
-}
-
-static int32_t flow_new(vnpu_handle *h, device_t *d, int64_t key, int32_t band, int32_t uid,
-                        int64_t vruntime) {
-    int32_t s;
-    if (h->flow_free != NO_SLOT) {
-        s = h->flow_free;
-        h->flow_free = h->flowpool[s].next_free;
-    } else {
-        s = h->flow_hw++;
-    }
-    flow_t *f = &h->flowpool[s];
-    f->key = key;
-    f->vruntime = vruntime;
-    f->head = f->tail = NO_SLOT;
-    f->running = 0;
-    f->band = band;
-    f->uid = uid;
-    f->reused = 1;
-    flow_link(h, &d->flows, s);
-    map_put(&h->flow_map, key, s);
-    return s;
-}
-
-static void flow_drop(vnpu_handle *h, int32_t *head, int32_t s) {
-    flow_unlink(h, head, s);
-    map_del(&h->flow_map, h->flowpool[s].key);
-    h->flowpool[s].next_free = h->flow_free;
-    h->flow_free = s;
-}
-
-static int64_t band_min_vruntime(const vnpu_handle *h, const device_t *d, int32_t band) {
-    int64_t m = 0;
-    int any = 0;
-    for (int32_t s = d->flows; s != NO_SLOT; s = h->flowpool[s].next) {
-        const flow_t *f = &h->flowpool[s];
-        if (f->band == band && (!any || f->vruntime < m)) {
-            m = f->vruntime;
-            any = 1;
-        }
-    }
-    return m;
-}
-
-/* Into the flow's queue by (priority, id): arrivals append; a paused job is found early. */
-static void fq_insert(vnpu_handle *h, flow_t *f, int32_t s) {
-    work_t *w = &h->pool[s];
-    if (f->tail == NO_SLOT || key_less(&h->pool[f->tail], w)) {
-        w->qprev = f->tail;
-        w->qnext = NO_SLOT;
-        if (f->tail != NO_SLOT)
-            h->pool[f->tail].qnext = s;
-        else
-            f->head = s;
-        f->tail = s;
-        return;
-    }
-    int32_t at = f->head;
-    while (key_less(&h->pool[at], w)) at = h->pool[at].qnext;
-    w->qnext = at;
-    w->qprev = h->pool[at].qprev;
-    if (w->qprev != NO_SLOT)
-        h->pool[w->qprev].qnext = s;
-    else
-        f->head = s;
-    h->pool[at].qprev = s;
-}
-
-static void fq_remove(vnpu_handle *h, flow_t *f, int32_t s) {
-    work_t *w = &h->pool[s];
-    if (w->qprev != NO_SLOT)
-        h->pool[w->qprev].qnext = w->qnext;
-    else
-        f->head = w->qnext;
-    if (w->qnext != NO_SLOT)
-        h->pool[w->qnext].qprev = w->qprev;
-    else
-        f->tail = w->qprev;
-}
-
-static void fair_enqueue(vnpu_handle *h, device_t *d, int32_t s, int64_t t) {
-    fold(h, d, t);
-    work_t *w = &h->pool[s];
-    w->band = band_of(d, w->effective_priority);
-    d->live[w->band]++;
-    int64_t key = flow_key(w->device, w->band, w->uid);
-    int32_t f = map_get(&h->flow_map, key);
-    if (f == NO_SLOT) f = flow_new(h, d, key, w->band, w->uid, band_min_vruntime(h, d, w->band));
-    w->flow = f;
-    d->queued++;
-    fq_insert(h, &h->flowpool[f], s);
-}
-
-/* A job of the flow is gone for good: the band may empty (credit reset), the flow too. */
-static void fair_left(vnpu_handle *h, device_t *d, const work_t *w) {
-    const flow_t *f = &h->flowpool[w->flow];
-    if (--d->live[w->band] == 0) d->credit[w->band] = 0;
-    if (f->head == NO_SLOT && f->running == 0) flow_drop(h, &d->flows, w->flow);
-}
-
-static void fair_remove(vnpu_handle *h, device_t *d, int32_t s, int64_t t) {
-    fold(h, d, t);
-    d->queued--;
-    fq_remove(h, &h->flowpool[h->pool[s].flow], s);
-    fair_left(h, d, &h->pool[s]);
-}
-
-static void fair_start(vnpu_handle *h, device_t *d, int32_t s, int64_t t) {
-    fold(h, d, t);
-    work_t *w = &h->pool[s];
-    w->acct_us = t;
-    h->flowpool[w->flow].running++;
-    d->busy[w->band]++;
-}
-
-static void fair_stop(vnpu_handle *h, device_t *d, int32_t s, int64_t t, int requeue) {
-    fold(h, d, t);
-    work_t *w = &h->pool[s];
-    h->flowpool[w->flow].running--;
-    d->busy[w->band]--;
-    if (!requeue) {
-        fair_left(h, d, w);
-        return;
-    }
-    d->queued++;
-    fq_insert(h, &h->flowpool[w->flow], s);
-}
-
-/* Which flow's next job goes first: an owed band, a more important band, less virtual
- * runtime, then the better job. */
-static int rank_less(const vnpu_handle *h, const device_t *d, const flow_t *a, const flow_t *b) {
-    int oa = d->credit[a->band] > 0 ? 0 : 1, ob = d->credit[b->band] > 0 ? 0 : 1;
-    if (oa != ob) return oa < ob;
-    if (a->band != b->band) return a->band < b->band;
-    if (a->vruntime != b->vruntime) return a->vruntime < b->vruntime;
-    return key_less(&h->pool[a->sim], &h->pool[b->sim]);
-}
-
-/* The next n jobs a free channel would take, in order, without taking them. */
-static int32_t fair_ranked(vnpu_handle *h, device_t *d, int32_t n, int32_t *out) {
-    for (int32_t s = d->flows; s != NO_SLOT; s = h->flowpool[s].next)
-        h->flowpool[s].sim = h->flowpool[s].head;
-    int32_t k = 0;
-    for (; k < n; k++) {
-        int32_t best = NO_SLOT;
-        for (int32_t s = d->flows; s != NO_SLOT; s = h->flowpool[s].next) {
-            const flow_t *f = &h->flowpool[s];
-            if (f->sim != NO_SLOT && (best == NO_SLOT || rank_less(h, d, f, &h->flowpool[best])))
-                best = s;
-        }
-        if (best == NO_SLOT) break;
-        flow_t *f = &h->flowpool[best];
-        out[k] = f->sim;
-        f->sim = h->pool[f->sim].qnext;
-    }
-    return k;
-}
-
-static int32_t fair_pick(vnpu_handle *h, device_t *d, int64_t t) {
-    if (d->queued == 0) return NO_SLOT;
-    fold(h, d, t);
-    int32_t best = NO_SLOT;
-    for (int32_t f = d->flows; f != NO_SLOT; f = h->flowpool[f].next) {
-        flow_t *fl = &h->flowpool[f];
-        fl->sim = fl->head;
-        if (fl->sim != NO_SLOT && (best == NO_SLOT || rank_less(h, d, fl, &h->flowpool[best])))
-            best = f;
-    }
-    int32_t s = h->flowpool[best].head;
-    fq_remove(h, &h->flowpool[best], s);
-    d->queued--;
-    return s;
-}
-
-static int fair_beats(const vnpu_handle *h, const device_t *d, const work_t *wt, const work_t *r) {
-    if (wt->band != r->band) return wt->band < r->band || d->credit[wt->band] > 0;
-    if (wt->uid == r->uid) return key_less(wt, r);
-    return h->flowpool[wt->flow].vruntime < h->flowpool[r->flow].vruntime;
-}
-
-static int due_at(const device_t *d, const work_t *w, int64_t t) {
-    int64_t e = t - w->run_start_us;
-    return e > 0 && e % d->spec.slice_us == 0;
-}
-
-/* Worst-first order of running jobs: less important band, more virtual runtime, higher
- * effective priority, nearer slice boundary, lower channel. */
-static int worse(const vnpu_handle *h, const device_t *d, const work_t *a, const work_t *b,
-                 int64_t t) {
-    if (a->band != b->band) return a->band > b->band;
-    int64_t va = h->flowpool[a->flow].vruntime, vb = h->flowpool[b->flow].vruntime;
-    if (va != vb) return va > vb;
-    if (a->effective_priority != b->effective_priority)
-        return a->effective_priority > b->effective_priority;
-    int64_t ba = boundary_us(d, a, t), bb = boundary_us(d, b, t);
-    if (ba != bb) return ba < bb;
-    return a->channel < b->channel;
-}
-
-/* The running jobs to pause at t, by channel. */
-static int32_t fair_victims(vnpu_handle *h, device_t *d, int64_t t, int32_t *out) {
-    d->checked_us = t;
-    if (d->queued == 0) return 0;
-    int32_t run[VNPU_MAX_CHANNELS], picks[VNPU_MAX_CHANNELS];
-    int32_t nrun = 0, any_due = 0;
-    for (int32_t c = 0; c < d->nch; c++) {
-        if (d->ch[c] == NO_SLOT) continue;
-        run[nrun++] = d->ch[c];
-        if (due_at(d, &h->pool[d->ch[c]], t)) any_due = 1;
-    }
-    if (!any_due) return 0;
-    fold(h, d, t); /* folding is associative: only what is compared below needs it */
-    int32_t free = d->nch - nrun;
-    int32_t np = fair_ranked(h, d, d->nch, picks);
-    for (int32_t i = 1; i < nrun; i++) {
-        int32_t s = run[i], j = i;
-        while (j > 0 && worse(h, d, &h->pool[s], &h->pool[run[j - 1]], t)) {
-            run[j] = run[j - 1];
-            j--;
-        }
-        run[j] = s;
-    }
-    int32_t m = 0;
-    for (int32_t i = 0; i < nrun && free + i < np; i++) {
-        if (!fair_beats(h, d, &h->pool[picks[free + i]], &h->pool[run[i]])) break;
-        if (due_at(d, &h->pool[run[i]], t)) out[m++] = run[i];
-    }
-    sort_by_channel(h, out, m);
-    return m;
-}
-
-static int64_t fair_next_pause(const vnpu_handle *h, const device_t *d, int64_t now) {
-    if (d->queued == 0) return NEVER;
-    int64_t after = now > d->checked_us + 1 ? now : d->checked_us + 1, t = NEVER;
-    for (int32_t c = 0; c < d->nch; c++)
-        if (d->ch[c] != NO_SLOT) t = min64(t, boundary_us(d, &h->pool[d->ch[c]], after));
-    return t;
-}
-
-/* Collect the ids of the device's queued work (fair) into ids from n; returns the new n. */
-static int32_t fair_queued_ids(const vnpu_handle *h, const device_t *d, int64_t model,
-                               int64_t *ids, int32_t n) {
-    for (int32_t f = d->flows; f != NO_SLOT; f = h->flowpool[f].next)
-        for (int32_t s = h->flowpool[f].head; s != NO_SLOT; s = h->pool[s].qnext)
-            if (model <= 0 || h->pool[s].model == model) ids[n++] = h->pool[s].id;
-    return n;
-}
-
-static int cmp_ids(const void *a, const void *b);
-
-/* Priorities changed: flows are rebuilt in id order; a flow of a (band, uid) that existed
- * keeps its virtual runtime, a new one takes the least its band had before (0 if none). */
-static void fair_rerank(vnpu_handle *h, device_t *d, int32_t dn, int64_t t) {
-    fold(h, d, t);
-    int64_t *ids = h->scratch, omin[VNPU_MAX_BANDS];
-    int oany[VNPU_MAX_BANDS] = {0};
-    int32_t n = 0;
-    for (int32_t c = 0; c < d->nch; c++)
-        if (d->ch[c] != NO_SLOT) ids[n++] = h->pool[d->ch[c]].id;
-    n = fair_queued_ids(h, d, 0, ids, n);
-    qsort(ids, (size_t)n, sizeof(int64_t), cmp_ids);
-    int32_t old = d->flows;
-    d->flows = NO_SLOT;
-    for (int32_t s = old; s != NO_SLOT; s = h->flowpool[s].next) {
-        flow_t *f = &h->flowpool[s];
-        if (!oany[f->band] || f->vruntime < omin[f->band]) omin[f->band] = f->vruntime;
-        oany[f->band] = 1;
-        f->reused = 0;
-        f->head = f->tail = NO_SLOT;
-        f->running = 0;
-    }
-    for (int32_t b = 0; b < VNPU_MAX_BANDS; b++) d->live[b] = d->busy[b] = 0;
-    for (int32_t i = 0; i < n; i++) {
-        int32_t s = map_get(&h->work_map, ids[i]);
-        work_t *w = &h->pool[s];
-        w->effective_priority = effective(h, w->uid, w->original_uid, w->job_priority);
-        w->band = band_of(d, w->effective_priority);
-        int64_t key = flow_key(dn, w->band, w->uid);
-        int32_t f = map_get(&h->flow_map, key);
-        if (f != NO_SLOT && !h->flowpool[f].reused) {
-            flow_unlink(h, &old, f);
-            flow_link(h, &d->flows, f);
-            h->flowpool[f].reused = 1;
-        } else if (f == NO_SLOT) {
-            f = flow_new(h, d, key, w->band, w->uid, oany[w->band] ? omin[w->band] : 0);
-        }
-        w->flow = f;
-        d->live[w->band]++;
-        if (w->state == RUNNING) {
-            h->flowpool[f].running++;
-            d->busy[w->band]++;
-        } else {
-            fq_insert(h, &h->flowpool[f], s);
-        }
-    }
-    while (old != NO_SLOT) flow_drop(h, &old, old);
-    for (int32_t b = 0; b < VNPU_MAX_BANDS; b++)
-        if (!d->live[b]) d->credit[b] = 0;
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -950,7 +327,7 @@ static void end_work(vnpu_handle *h, int32_t slot, int reason, int64_t t) {
     free_work(h, slot);
 }
 
-static int cmp_ids(const void *a, const void *b) {
+int cmp_ids(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
 }
@@ -1463,8 +840,10 @@ int vnpu_create(const vnpu_spec *specs, int32_t ndevices, int32_t max_live_work,
     int any_fair = 0;
     for (int32_t i = 0; i < ndevices; i++) any_fair |= specs[i].scheduler == VNPU_SCHED_FAIR;
     if (any_fair) {
-        /* A flow holds live work, so max_live_work of them, twice while flows are rebuilt. */
-        int64_t flows = 2 * (int64_t)max_live_work + 1;
+        /* A flow holds live work, so max_live_work of them, twice while flows are rebuilt,
+         * and each device keeps a few without for reuse. */
+        int64_t flows =
+            2 * (int64_t)max_live_work + 1 + VNPU_MAX_DEVICES * (VNPU_FLOW_CACHE + 1);
         h->flowpool = calloc((size_t)flows, sizeof(flow_t));
         if (!h->flowpool || map_init(&h->flow_map, flows) != VNPU_OK) goto nomem;
     }
