@@ -4,6 +4,8 @@ shown in the snapshot and sent to the sinks as device samples."""
 from __future__ import annotations
 
 import logging
+import os
+import select
 import threading
 from pathlib import Path
 from typing import Any
@@ -210,3 +212,45 @@ def test_health_sources_need_the_real_clock_and_a_known_name() -> None:
             service.add_health_source("linux", bogus=1)
         with pytest.raises(IllegalArgumentError, match="an object with read"):
             service.add_health_source(object())  # type: ignore[arg-type]
+
+
+class HungUp(Source):
+    """A source whose descriptor is hung up for good and whose ready() does nothing."""
+
+    interval_ms = 3_600_000
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._read_end, write_end = os.pipe()
+        os.close(write_end)
+        self.ready_calls = 0
+
+    def descriptors(self) -> dict[int, int]:
+        return {self._read_end: select.POLLIN}
+
+    def ready(self, fd: int) -> None:
+        self.ready_calls += 1
+
+    def close(self) -> None:
+        os.close(self._read_end)
+
+
+def test_a_descriptor_that_keeps_reporting_an_error_is_polled_no_more(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hung, ticker = HungUp(), Source()
+    reads = 0
+
+    def count() -> HealthSample:
+        nonlocal reads
+        reads += 1
+        return HealthSample()
+
+    ticker.read = count  # type: ignore[method-assign]
+    with (
+        caplog.at_level(logging.WARNING, logger="npumanager.core.health_monitor"),
+        Service("vnpu", clock="real", health=[hung, ticker]),
+    ):
+        wait_for(lambda: reads >= 20)
+    assert hung.ready_calls == 1
+    assert "reports an error; it is polled no more" in caplog.text

@@ -14,7 +14,7 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
@@ -29,6 +29,7 @@ from npumanager.schemas.limits import (
 
 log = logging.getLogger(__name__)
 
+_BROKEN = select.POLLERR | select.POLLHUP | select.POLLNVAL
 Deliver = Callable[[SourceState, HealthSample | None, str | None], None]
 """Where readings go: the source's state, its sample (None after a problem), the problem."""
 
@@ -40,6 +41,8 @@ class _Entry:
     interval_s: float
     due: float = 0.0
     last_problem: str | None = None
+    muted: set[int] = field(default_factory=set)
+    """Descriptors that reported an error and are polled no more while the source keeps them."""
 
 
 def _interval_s(source: HealthSource) -> float:
@@ -127,7 +130,7 @@ class HealthMonitor:
                     poller.register(fd, mask)
             now = time.monotonic()
             wait = min((e.due - now for e in entries), default=3600.0)
-            for fd, _events in poller.poll(max(0, int(wait * 1000) + 1)):
+            for fd, events in poller.poll(max(0, int(wait * 1000) + 1)):
                 if fd == self._wake_r:
                     while True:
                         try:
@@ -136,6 +139,8 @@ class HealthMonitor:
                             break
                 elif fd in owners:
                     self._ready(owners[fd], fd)
+                    if events & _BROKEN:
+                        owners[fd].muted.add(fd)
             now = time.monotonic()
             for entry in entries:
                 if entry.due <= now and not self._stop.is_set():
@@ -147,10 +152,14 @@ class HealthMonitor:
         if not callable(method):
             return {}
         try:
-            return {int(fd): int(mask) for fd, mask in dict(method()).items()}
+            wanted = {int(fd): int(mask) for fd, mask in dict(method()).items()}
         except Exception as exc:
             self._problem(entry, f"descriptors() raised {describe_problem(exc)}")
             return {}
+        entry.muted &= set(wanted)
+        for fd in entry.muted:
+            self._problem(entry, f"descriptor {fd} reports an error; it is polled no more")
+        return {fd: mask for fd, mask in wanted.items() if fd not in entry.muted}
 
     def _ready(self, entry: _Entry, fd: int) -> None:
         entry.due = 0.0
