@@ -85,8 +85,9 @@ def npumanager_register_health_sources() -> (
     and may have:
 
     - `interval_ms`: how often to call `read()` (default `HEALTH_READ_INTERVAL_MS`);
-    - `descriptors()`: file descriptors to poll (POLLPRI or POLLIN, e.g. PSI triggers);
-      when one is ready the thread calls `ready(fd)` and then `read()` at once;
+    - `descriptors()`: a mapping of file descriptors to poll masks (POLLPRI for a PSI
+      trigger, POLLIN for a FIFO); when one is ready the thread calls `ready(fd)` and then
+      `read()` at once (a descriptor that keeps reporting an error is polled no more);
     - `close()`: called once when the service closes.
 
     The service combines every source with the driver's own readings, the most severe
