@@ -91,6 +91,8 @@ PLUGIN_SOURCES: dict[str, tuple[str, str, str]] = {
                 self.temp_mc = int(temp_mc)
 
             def read(self):
+                if self.temp_mc < 0:
+                    raise RuntimeError("probe unplugged")
                 severity = 2 if self.temp_mc >= 80000 else 0
                 return HealthSample(thermal=[ThermalReading(
                     name="probe", temperature_mc=self.temp_mc, severity=severity)])

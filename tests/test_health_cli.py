@@ -124,6 +124,13 @@ def test_a_third_party_source_through_the_cli(plugin_site: Callable[..., Path]) 
     code, out, _ = run("health", "--source", "thermometer:temp_mc=90000", "--json")
     assert code == 0
     assert json.loads(out)["severity"] == {"0": "MODERATE"}
+    code, out, _ = run("health", "--source", "thermometer:temp_mc=-1", "--json")
+    assert code == 1
+    assert json.loads(out)["sources"][0]["error"] == "RuntimeError: probe unplugged"
+    code, out, err = run("health", "--source", "thermometer:temp_mc=warm")
+    (error,) = [line for line in err.splitlines() if "error:" in line]
+    assert (code, out) == (2, "")
+    assert "health source 'thermometer' did not start: ValueError: invalid literal" in error
 
 
 class _Ctx:

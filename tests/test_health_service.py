@@ -3,6 +3,7 @@ shown in the snapshot and sent to the sinks as device samples."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import select
@@ -20,6 +21,7 @@ from npumanager.errors import IllegalArgumentError, UnknownPluginError
 from npumanager.plugins.sinks import MemorySink
 from npumanager.schemas import HealthSample, ThermalReading, ThermalSeverity, UnloadReason
 from npumanager.telemetry import DeviceSample
+from npumanager.telemetry.records import to_json_line, to_record
 
 WAIT_S = 20
 
@@ -254,3 +256,15 @@ def test_a_descriptor_that_keeps_reporting_an_error_is_polled_no_more(
         wait_for(lambda: reads >= 20)
     assert hung.ready_calls == 1
     assert "reports an error; it is polled no more" in caplog.text
+
+
+def test_device_samples_with_health_readings_write_the_same_json_both_ways() -> None:
+    sample = DeviceSample(0, 90_000, 2, 1, 2, 0, 5, 1, 77, 88, 600, 1400)
+    record = to_record(sample)
+    assert json.loads(to_json_line(sample)) == record
+    assert (record["memoryPressure"], record["busyTimeUs"], record["maxFrequencyMhz"]) == (
+        1,
+        77,
+        1400,
+    )
+    assert to_record(sample._replace(busy_time_us=-1))["busyTimeUs"] is None

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from npumanager.core.plugins import PluginRegistry
-from npumanager.errors import IllegalArgumentError
+from npumanager.errors import IllegalArgumentError, NpuManagerError
 from npumanager.schemas import HealthSample, ThermalSeverity
 from npumanager.schemas.limits import MEMORY_PRESSURE_NONE
 
@@ -41,8 +41,12 @@ def build_health_source(registry: PluginRegistry, spec: HealthSpec) -> tuple[str
         factory = registry.health_source(name).factory
         try:
             made = factory(**dict(options))
-        except TypeError as exc:
-            raise IllegalArgumentError(f"health source {name!r}: {exc}") from None
+        except NpuManagerError:
+            raise
+        except Exception as exc:
+            raise IllegalArgumentError(
+                f"health source {name!r} did not start: {type(exc).__name__}: {exc}"
+            ) from None
         if not isinstance(made, HealthSource):
             raise IllegalArgumentError(f"health source {name!r} built an object without read()")
         return name, made
