@@ -14,7 +14,7 @@ from typing import Any, TextIO
 from npumanager.core.health import HealthBoard, HealthSource, SourceState, build_health_source
 from npumanager.core.health_monitor import HealthMonitor, describe_problem, read_once
 from npumanager.errors import NpuManagerError
-from npumanager.schemas import HealthSample, ThermalSeverity
+from npumanager.schemas import HealthSample
 from npumanager.tables import format_table
 
 DEFAULT_SOURCE = "linux"
@@ -179,4 +179,4 @@ def _watch(ctx: Any, board: HealthBoard, built: list[tuple[SourceState, HealthSo
     return 0
 
 
-__all__ = ["DEFAULT_SOURCE", "ThermalSeverity", "add_health", "cmd_health", "parse_source"]
+__all__ = ["DEFAULT_SOURCE", "add_health", "cmd_health", "parse_source"]
