@@ -35,12 +35,15 @@ def run_scheduler(spec: DeviceSpec, arrivals: list[Arrival]) -> Trace:
     since: dict[int, int] = {}
     trace: Trace = []
     pending = list(enumerate(arrivals, start=1))
-    t = 0
+    t, again = 0, False
     while True:
         due = [since[j.id] + left[j.id] for j in sched.running if j is not None]
-        t = min([*due, sched.next_pause_us(t), *(a.at_us for _, a in pending[:1])], default=NEVER)
+        soon = [*due, sched.next_pause_us(t), *(a.at_us for _, a in pending[:1])]
+        t = t if again else min(soon)
         if t >= NEVER:
             return trace
+        # As on the device, work that arrives at an event point brings another at once.
+        again = bool(pending) and pending[0][1].at_us == t
         for job in list(sched.running):
             if job is not None and since[job.id] + left[job.id] == t:
                 sched.stop(job, t, requeue=False)

@@ -1,6 +1,11 @@
 """The device's scheduling policy as a small object: a queue, the next job for a free
 channel, the running jobs to pause. Time is passed in; it does no I/O and reads no clock.
 
+At each event point a driver stops what completed, enqueues what arrived, pauses
+`victims(t)`, then fills free channels with `pick(t)`; the simulated device follows an
+event point that brought new work with another at the same time, and wakes for
+`next_pause_us` (tests/test_scheduler.py drives it this way).
+
 The simulated devices use it (`reference`) or implement it identically (`vnpu.c`); a
 real-runtime driver can dispatch with it. The rules, under `DeviceSpec.scheduler`:
 
