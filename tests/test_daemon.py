@@ -739,3 +739,14 @@ def test_info_shows_importance_names_and_the_device_of_a_loaded_model(
     row = next(line for line in text.splitlines() if line.startswith("loaded"))
     assert row.split()[-1] == "0", "the device column of a loaded request"
     manager.close()
+
+
+def test_text_info_shows_the_health_readings(start: Callable[..., DaemonProcess]) -> None:
+    daemon = start("--health", "linux")
+    text = run_cli("info", "--socket", str(daemon.socket))
+    assert text.returncode == 0, text.stderr
+    assert "health:" in text.stdout, text.stdout
+    rows = text.stdout.split("health:", 1)[1]
+    assert "SOURCE" in rows and "linux" in rows, rows
+    if Path("/proc/pressure/memory").exists():
+        assert "system" in rows and "some avg10" in rows, rows

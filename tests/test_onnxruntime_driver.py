@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 import subprocess
 import sys
 import textwrap
@@ -98,7 +99,11 @@ def test_plugins_lists_without_the_extra() -> None:
     done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "vnpu" in done.stdout
-    assert "onnxruntime " not in done.stdout
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert ["driver", "onnxruntime"] not in [row[:2] for row in rows], "no driver registered"
+    assert re.search(
+        r"^onnxruntime +npu-manager +unavailable +driver onnxruntime \(pip", done.stdout, re.M
+    )
     assert done.stderr == "", "an absent optional driver is not reported as a problem"
 
 
