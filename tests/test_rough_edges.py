@@ -340,3 +340,21 @@ def test_the_picture_labels_the_capacity_and_the_unload_reasons() -> None:
     texts = {text.get_text() for ax in figure.axes for text in ax.texts}
     assert any(text.startswith("capacity ") and text.endswith(" GiB") for text in texts)
     assert {reason.lower() for _, _, reason in result.unloads} <= texts
+
+
+def test_the_picture_ticks_camera_misses_and_shades_throttled_stretches() -> None:
+    pytest.importorskip("matplotlib")
+    from npumanager.core.plugins import load_plugins
+    from npumanager.simulation.plot import build_figure, throttled_stretches
+    from npumanager.simulation.runner import run_direct
+    from npumanager.simulation.scenario import find_scenario, load_scenario
+
+    scenario = load_scenario(find_scenario("thermal_stress"))
+    result = run_direct(scenario, "vnpu", load_plugins())
+    assert len(result.deadline_misses) == result.metrics.camera_deadline_misses > 0
+    stretches = throttled_stretches(result)
+    assert stretches and all(start < end for start, end in stretches)
+    figure = build_figure([result], scenario)
+    texts = {text.get_text() for ax in figure.axes for text in ax.texts}
+    assert "shaded: throttled" in texts
+    assert any("| top: a camera deadline missed" in text for text in texts), texts

@@ -2,9 +2,10 @@
 
 Per run, top to bottom: the channels over time, each stretch of execution coloured by its
 app (a colour chosen from the app's name, so the same app looks the same in every run and
-scenario, never the red or blue of the curves), with unload requests (and their reasons)
-and, direct, loads that did not fit marked; below it the temperature and the weight memory
-in use against the labelled capacity. PNG, JPEG, SVG or PDF, by the file's suffix.
+scenario, never the red or blue of the curves), with unload requests (and their reasons),
+loads that did not fit (direct) and camera deadline misses marked; below it the
+temperature and the weight memory in use against the labelled capacity, throttled
+stretches shaded. PNG, JPEG, SVG or PDF, by the file's suffix.
 """
 
 from __future__ import annotations
@@ -148,11 +149,16 @@ def _draw_lanes(
         ax.plot([t_ms], [-0.9], marker="v", color=colours.get(app, "black"), markersize=8)
         ax.annotate(reason.lower(), (t_ms, -0.9), xytext=(4, 2), textcoords="offset points",
                     fontsize=7, color=colours.get(app, "black"))  # fmt: skip
+    missed = [t_ms for t_ms, _ in result.deadline_misses]
+    if missed:
+        ax.plot(missed, [-1.2] * len(missed), "|", color="black", markersize=6)
     for t_ms, app in result.load_failures:
         ax.plot([t_ms], [-0.9], marker="x", color=colours.get(app, "red"), markersize=8)
     notes = []
     if result.unloads:
         notes.append(f"v dashed: unload requested ({len(result.unloads)})")
+    if missed:
+        notes.append(f"| top: a camera deadline missed ({result.metrics.camera_deadline_misses})")
     if result.load_failures:
         notes.append(f"x: a load did not fit, the LMK would strike ({len(result.load_failures)})")
     if notes:
@@ -160,11 +166,30 @@ def _draw_lanes(
     ax.tick_params(labelbottom=False)
 
 
+def throttled_stretches(result: RunResult) -> list[tuple[int, int]]:
+    """(start ms, end ms) of every stretch with the device's thermal severity above NONE."""
+    stretches: list[tuple[int, int]] = []
+    start: int | None = None
+    for sample in result.samples:
+        if sample.severity > 0 and start is None:
+            start = sample.t_ms
+        elif sample.severity == 0 and start is not None:
+            stretches.append((start, sample.t_ms))
+            start = None
+    if start is not None:
+        stretches.append((start, result.samples[-1].t_ms + 1))
+    return stretches
+
+
 def _draw_health(ax: Any, result: RunResult) -> None:
     times = [sample.t_ms for sample in result.samples]
     temperature = [sample.temperature_mc / 1000 for sample in result.samples]
     memory = [sample.weight_memory_used_bytes / _GIB for sample in result.samples]
     ax.plot(times, temperature, color="tab:red", linewidth=1.2, label="temperature (C)")
+    for start, end in throttled_stretches(result):
+        ax.axvspan(start, end, color="tab:orange", alpha=0.15, linewidth=0)
+    if result.metrics.throttled_ms:
+        ax.text(0.0, 1.02, "shaded: throttled", transform=ax.transAxes, fontsize=8)
     ax.set_ylabel("temperature (C)", color="tab:red")
     memory_ax = ax.twinx()
     memory_ax.plot(times, memory, color="tab:blue", linewidth=1.2, label="weight memory (GiB)")

@@ -87,6 +87,8 @@ class RunResult:
     """(time ms, app, reason) of every unload request."""
     load_failures: list[tuple[int, str]] = field(default_factory=list)
     """(time ms, app) of every load that did not fit the device (direct runs)."""
+    deadline_misses: list[tuple[int, str]] = field(default_factory=list)
+    """(time ms, app) of every camera frame that missed its deadline or had no model."""
 
 
 class _AppRun:
@@ -100,6 +102,8 @@ class _AppRun:
         self.in_flight: dict[int, int] = {}
         self.latencies_ms: list[float] = []
         self.misses = 0
+        self.missed_at: list[int] = []
+        """The millisecond of every miss, for the picture."""
         self.frames = 0
         self.done = 0
         self.submit: Callable[[], int] | None = None
@@ -131,7 +135,7 @@ class _AppRun:
             self.frames += count
         if not self.loaded or self.submit is None:
             if self.app.role == "camera":
-                self.misses += count
+                self.miss(t, count)
             return
         for _ in range(count):
             self.in_flight[self.submit()] = t
@@ -141,6 +145,11 @@ class _AppRun:
         if self.app.work.kind == "loop" and self.submit is not None:
             for _ in range(self.app.work.burst - len(self.in_flight)):
                 self.in_flight[self.submit()] = t
+
+    def miss(self, t: int, count: int = 1) -> None:
+        """`count` jobs missed their deadline (or their frame) at millisecond `t`."""
+        self.misses += count
+        self.missed_at.append(t)
 
     def ended(self, event: WorkEvent, t: int) -> None:
         arrived = self.in_flight.pop(event.id, None)
@@ -152,9 +161,9 @@ class _AppRun:
             self.done += 1
             self.latencies_ms.append(latency)
             if deadline is not None and latency > deadline:
-                self.misses += 1
+                self.miss(t)
         elif deadline is not None:
-            self.misses += 1
+            self.miss(t)
         if self.app.work.kind == "loop" and self.loaded and self.submit is not None:
             self.in_flight[self.submit()] = t
 
@@ -210,7 +219,8 @@ def _finish(
         unload_requests=dict(sorted(Counter(reason for _, _, reason in unloads).items())),
         jobs_done={run.app.name: run.done for run in runs},
     )
-    return RunResult(mode, metrics, collector.events, samples, unloads, load_failures)
+    misses = sorted((t, r.app.name) for r in camera for t in r.missed_at)
+    return RunResult(mode, metrics, collector.events, samples, unloads, load_failures, misses)
 
 
 class _DirectTelemetry:
