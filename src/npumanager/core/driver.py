@@ -171,6 +171,22 @@ class RealClock(Protocol):
 
 
 @runtime_checkable
+class TimedWork(Protocol):
+    """The conformance hook of a real driver: real work of a rough duration.
+
+    The suite loads the driver's own model built in code with `load_timed_model` and
+    submits `inputs=timed_inputs(model, ms)` where a simulated driver takes
+    `cost_cycles`; one inference then runs for about `ms` on this machine.
+    """
+
+    def load_timed_model(self, device: int = 0) -> int:
+        """Load the model built in code on `device` (its real bytes counted); its handle."""
+
+    def timed_inputs(self, model: int, ms: float) -> dict[str, Any]:
+        """Inputs that make one inference of the timed model take about `ms` here."""
+
+
+@runtime_checkable
 class ThermalModel(Protocol):
     """Capability `thermal_model`: the device heats with work and throttles."""
 

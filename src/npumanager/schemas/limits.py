@@ -182,3 +182,20 @@ SHUTDOWN_FLUSH_S: Final = 2.0
 LOG_BURST: Final = 10
 """Lines one kind of client-caused log message may print per `LOG_WINDOW_S`."""
 LOG_WINDOW_S: Final = 10.0
+
+REAL_DEFAULT_CHANNELS: Final = 2
+"""Execution channels (worker threads) a real-runtime device has unless told."""
+REAL_DEFAULT_CAPACITY_BYTES: Final = 1 << 30
+"""Weight memory of a real-runtime device that reports none and is given none."""
+REAL_MAX_RESULTS: Final = 1024
+"""Outputs a real-runtime driver keeps for `result` before the oldest are dropped."""
+REAL_NO_SLICE_US: Final = 1 << 40
+"""The slice of a real-runtime device: longer than any inference, so nothing is paused."""
+CHAIN_LAYERS: Final = 8
+"""Matrix multiplications in the timed model a real driver builds in code."""
+CHAIN_WIDTH: Final = 256
+"""Width of the timed model's square weight matrices."""
+TIMED_CALIBRATION_ROWS: Final = 64
+"""Rows the timed model is measured with at load to learn its cost per row."""
+MAX_TIMED_ROWS: Final = 1 << 20
+"""The most rows `timed_inputs` asks for, whatever the duration."""
