@@ -21,7 +21,12 @@ from npumanager.checks import check_int
 from npumanager.core.driver import DriverBase
 from npumanager.core.events import EventKind, WorkEvent
 from npumanager.core.scheduler import DeviceScheduler, Job
-from npumanager.errors import DriverClosedError, UnknownDeviceError, UnknownWorkError
+from npumanager.errors import (
+    DriverClosedError,
+    IllegalArgumentError,
+    UnknownDeviceError,
+    UnknownWorkError,
+)
 from npumanager.schemas import EndReason, SchedulingConfig, StartReason
 from npumanager.schemas.device import DeviceSpec
 from npumanager.schemas.limits import (
@@ -79,7 +84,12 @@ class Channels(DriverBase):
         *,
         max_live_work: int = DEFAULT_MAX_LIVE_WORK,
         max_models: int = DEFAULT_MAX_MODELS,
+        clock: str = "real",
     ) -> None:
+        if clock != "real":
+            raise IllegalArgumentError(
+                f"a real driver runs on the real clock only (clock='real'); got {clock!r}"
+            )
         super().__init__()
         self.specs = [s.model_copy(update={"slice_us": REAL_NO_SLICE_US}) for s in specs]
         self.max_live_work = check_int("max_live_work", max_live_work, 1, MAX_LIVE_WORK)
