@@ -199,3 +199,5 @@ TIMED_CALIBRATION_ROWS: Final = 64
 """Rows the timed model is measured with at load to learn its cost per row."""
 MAX_TIMED_ROWS: Final = 1 << 20
 """The most rows `timed_inputs` asks for, whatever the duration."""
+OPENVINO_DEVICES: Final = ("NPU", "GPU", "CPU", "AUTO")
+"""The devices the `openvino` driver may be opened on."""

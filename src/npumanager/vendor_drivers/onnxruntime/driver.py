@@ -129,8 +129,9 @@ class OrtSession:
         call.arm(stop)
         return list(self.session.run(None, feeds, options))
 
-    def set_background(self, background: bool) -> None:
-        """Mark the session's workload Efficient (background) or Default, if the EP can."""
+    def set_band(self, band: int, bands: int) -> None:
+        """Mark the workload Efficient in the last band (of several), else Default."""
+        background = bands > 1 and band == bands - 1
         if background == self.background:
             return
         self.background = background
@@ -191,5 +192,7 @@ class OnnxRuntimeDriver(RealDriver):
         )
         super().__init__(specs, **options)
 
-    def _open(self, device: int, model: ModelSource, path: str | Path | None) -> OrtSession:
+    def _open(
+        self, device: int, model: ModelSource, path: str | Path | None, band: int
+    ) -> OrtSession:
         return OrtSession(as_model(model, path), self.providers, self.intra_op_threads, device)

@@ -49,12 +49,12 @@ class RealDriver(Channels):
     # For subclasses ---------------------------------------------------------------------
 
     @abstractmethod
-    def _open(self, device: int, model: ModelSource, path: str | Path | None) -> Session:
+    def _open(self, device: int, model: ModelSource, path: str | Path | None, band: int) -> Session:
         """Open a model on a device's runtime; a bad model raises `IllegalArgumentError`."""
 
-    def _band_changed(self, session: Session, background: bool) -> None:
-        """Relay a model's band to the runtime (by default `set_background`)."""
-        session.set_background(background)
+    def _band_changed(self, session: Session, device: int, uid: int) -> None:
+        """Relay the band of the model's uid to the runtime (`Session.set_band`)."""
+        session.set_band(self._band(device, uid), len(self.specs[device].bands))
 
     # Description --------------------------------------------------------------------------
 
@@ -107,8 +107,8 @@ class RealDriver(Channels):
                 )
             for model in self._models.values():
                 if model.session is not None and model.uid is not None:
-                    background = self._background(model.device, model.uid, configs)
-                    self._band_changed(model.session, background)
+                    band = self._band(model.device, model.uid, configs)
+                    model.session.set_band(band, len(self.specs[model.device].bands))
             self._lock.notify_all()
 
     # Models -------------------------------------------------------------------------------
@@ -139,7 +139,9 @@ class RealDriver(Channels):
             if weight_bytes is None:
                 raise IllegalArgumentError("give model=, path= or weight_bytes=")
             return self._account(d, check_int("weight_bytes", weight_bytes, 0, INT64_MAX), None)
-        session = self._open(d, model, path)
+        last = len(self.specs[d].bands) - 1
+        band = last if uid is None else self._band(d, check_int("uid", uid, 0, INT32_MAX))
+        session = self._open(d, model, path, band)
         if weight_bytes is not None and weight_bytes != session.weight_bytes:
             session.close()
             raise IllegalArgumentError(
@@ -155,7 +157,7 @@ class RealDriver(Channels):
             with self._lock:
                 entry = self._models[handle]
                 entry.uid = check_int("uid", uid, 0, INT32_MAX)
-                self._band_changed(session, self._background(d, uid))
+                self._band_changed(session, d, uid)
         return handle
 
     def _account(self, device: int, weight: int, session: Session | None) -> int:

@@ -118,13 +118,14 @@ class Channels(DriverBase):
         for thread in self._threads:
             thread.start()
 
-    def _background(
+    def _band(
         self, device: int, uid: int, configs: Mapping[int, SchedulingConfig] | None = None
-    ) -> bool:
-        """True if the uid's work falls in the device's last band (of several)."""
-        spec = self.specs[device]
-        priority = effective_priority(configs or self._configs, uid, uid, MIN_PRIORITY)
-        return len(spec.bands) > 1 and spec.band_of(priority) == len(spec.bands) - 1
+    ) -> int:
+        """The band of the device that a uid's work (job priority 0) falls in."""
+        priority = effective_priority(
+            self._configs if configs is None else configs, uid, uid, MIN_PRIORITY
+        )
+        return self.specs[device].band_of(priority)
 
     @property
     def now_us(self) -> int:
@@ -195,7 +196,7 @@ class Channels(DriverBase):
                     continue
                 sched.start(work, channel, t)
                 session = self._models[work.model].session
-                feeds, work.call = work.feeds, Call(self._background(device, work.uid))
+                feeds, work.call = work.feeds, Call(work.band == len(self.specs[device].bands) - 1)
                 self._busy += 1
                 self._event(EventKind.STARTED, StartReason.INITIAL, work, t)
             assert session is not None and feeds is not None

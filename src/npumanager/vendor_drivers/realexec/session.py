@@ -68,8 +68,9 @@ class Session(Protocol):
     def run(self, feeds: dict[str, np.ndarray], call: Call) -> list[np.ndarray]:
         """Perform one inference now; raises if the runtime fails or the call was stopped."""
 
-    def set_background(self, background: bool) -> None:
-        """Tell the runtime the model's work is background (or not), where it can."""
+    def set_band(self, band: int, bands: int) -> None:
+        """Tell the runtime the band of the model's work (0 most important of `bands`),
+        where it can."""
 
     def close(self) -> None:
         """Release the runtime's objects."""
