@@ -312,3 +312,44 @@ def test_background_work_is_marked_efficient_where_the_provider_takes_it(
         d.set_scheduling_configs([SchedulingConfig(uid=10, app_priority=100)])
         assert session.background is False  # type: ignore[attr-defined]
     assert caplog.text.count("ep.dynamic.workload_type") <= 1
+
+
+def test_the_last_band_leaves_a_channel_free_for_more_important_work() -> None:
+    with driver(devices=[{"channels": 2}]) as d:
+        d.set_scheduling_configs(
+            [
+                SchedulingConfig(uid=10, app_priority=1000),
+                SchedulingConfig(uid=20, app_priority=100),
+            ]
+        )
+        model = d.load_timed_model()
+        background = [d.submit(model, uid=10, inputs=d.timed_inputs(model, 100)) for _ in range(3)]
+        foreground = d.submit(model, uid=20, inputs=d.timed_inputs(model, 1))
+        d.run_until_idle()
+        events = d.take_events()
+        running, most = 0, 0
+        for event in events:
+            if event.uid == 10 and event.kind == EventKind.STARTED:
+                running += 1
+            elif event.uid == 10 and event.kind == EventKind.ENDED:
+                running -= 1
+            most = max(most, running)
+        assert most == 1, "background work takes at most channels - reserved_channels"
+        assert [ended(events, w) for w in [*background, foreground]] == [EndReason.COMPLETED] * 4
+        first_bg_end = next(
+            i for i, e in enumerate(events) if e.uid == 10 and e.kind == EventKind.ENDED
+        )
+        fg_start = next(
+            i for i, e in enumerate(events) if e.id == foreground and e.kind == EventKind.STARTED
+        )
+        assert fg_start < first_bg_end, "the foreground inference took the free channel"
+
+
+def test_with_no_reserve_the_last_band_takes_every_channel() -> None:
+    with driver(devices=[{"channels": 2}], reserved_channels=0) as d:
+        d.set_scheduling_configs([SchedulingConfig(uid=10, app_priority=1000)])
+        model = d.load_timed_model()
+        works = [d.submit(model, uid=10, inputs=d.timed_inputs(model, 50)) for _ in range(2)]
+        d.run_until_idle()
+        kinds = [(e.kind, e.id) for e in d.take_events() if e.kind != EventKind.REQUESTED]
+        assert kinds[:2] == [(EventKind.STARTED, works[0]), (EventKind.STARTED, works[1])]

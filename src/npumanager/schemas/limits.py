@@ -201,3 +201,6 @@ MAX_TIMED_ROWS: Final = 1 << 20
 """The most rows `timed_inputs` asks for, whatever the duration."""
 OPENVINO_DEVICES: Final = ("NPU", "GPU", "CPU", "AUTO")
 """The devices the `openvino` driver may be opened on."""
+REAL_RESERVED_CHANNELS: Final = 1
+"""Channels of a real-runtime device that work of the last band leaves free for the others
+(it always gets one): a foreground inference then starts at once instead of waiting."""

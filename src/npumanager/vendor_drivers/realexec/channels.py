@@ -33,11 +33,13 @@ from npumanager.schemas.limits import (
     DEFAULT_MAX_LIVE_WORK,
     DEFAULT_MAX_MODELS,
     INT32_MAX,
+    MAX_CHANNELS,
     MAX_LIVE_WORK,
     MAX_MODELS,
     MIN_PRIORITY,
     REAL_MAX_RESULTS,
     REAL_NO_SLICE_US,
+    REAL_RESERVED_CHANNELS,
 )
 from npumanager.vendor_drivers.realexec.session import Call, Session
 from npumanager.vendor_drivers.realexec.work import WorkFuture, effective_priority
@@ -85,6 +87,7 @@ class Channels(DriverBase):
         max_live_work: int = DEFAULT_MAX_LIVE_WORK,
         max_models: int = DEFAULT_MAX_MODELS,
         clock: str = "real",
+        reserved_channels: int = REAL_RESERVED_CHANNELS,
     ) -> None:
         if clock != "real":
             raise IllegalArgumentError(
@@ -96,6 +99,9 @@ class Channels(DriverBase):
         self.max_models = check_int("max_models", max_models, 1, MAX_MODELS)
         self._lock = threading.Condition(threading.RLock())
         self._pump_lock = threading.Lock()
+        reserved = check_int("reserved_channels", reserved_channels, 0, MAX_CHANNELS)
+        self._last_band_limit = [max(1, s.channels - reserved) for s in self.specs]
+        self._last_band_busy = [0] * len(self.specs)
         self._scheds = [DeviceScheduler[Work](s) for s in self.specs]
         self._used = [0] * len(self.specs)
         self._models: dict[int, Model] = {}
@@ -186,7 +192,7 @@ class Channels(DriverBase):
         sched = self._scheds[device]
         while True:
             with self._lock:
-                while not self._closed and (sched.depth == 0 or sched.running[channel] is not None):
+                while not self._closed and not self._can_take(device, channel):
                     self._lock.wait()
                 if self._closed:
                     return
@@ -196,8 +202,10 @@ class Channels(DriverBase):
                     continue
                 sched.start(work, channel, t)
                 session = self._models[work.model].session
-                feeds, work.call = work.feeds, Call(work.band == len(self.specs[device].bands) - 1)
+                last = self._in_last_band(device, work)
+                feeds, work.call = work.feeds, Call(last)
                 self._busy += 1
+                self._last_band_busy[device] += last
                 self._event(EventKind.STARTED, StartReason.INITIAL, work, t)
             assert session is not None and feeds is not None
             outputs: list[np.ndarray] | None = None
@@ -208,6 +216,7 @@ class Channels(DriverBase):
                 error = exc
             with self._lock:
                 self._busy -= 1
+                self._last_band_busy[device] -= last
                 if self._work.get(work.id) is work:
                     t = self.now_us
                     sched.stop(work, t, requeue=False)
@@ -220,6 +229,21 @@ class Channels(DriverBase):
                         self._event(EventKind.ENDED, EndReason.FAILED, work, t)
                         work.future.fail(ExecutionError(f"the runtime failed: {error}"))
                 self._lock.notify_all()
+
+    def _in_last_band(self, device: int, work: Work) -> bool:
+        bands = self.specs[device].bands
+        return len(bands) > 1 and bands[-1].first_priority <= work.effective_priority
+
+    def _can_take(self, device: int, channel: int) -> bool:
+        """A job waits, the channel is free, and the next job is not held back: work of
+        the last band uses at most `channels - reserved_channels` channels (at least 1)."""
+        sched = self._scheds[device]
+        if sched.depth == 0 or sched.running[channel] is not None:
+            return False
+        head = sched.peek(self.now_us)
+        if head is None or not self._in_last_band(device, head):
+            return True
+        return self._last_band_busy[device] < self._last_band_limit[device]
 
     def _keep(self, work: Work, outputs: list[np.ndarray]) -> None:
         if work.future.keep:
