@@ -334,7 +334,7 @@ def test_the_last_band_leaves_a_channel_free_for_more_important_work() -> None:
             elif event.uid == 10 and event.kind == EventKind.ENDED:
                 running -= 1
             most = max(most, running)
-        assert most == 1, "background work takes at most channels - reserved_channels"
+        assert most == 1, "background (here cached, 400) takes at most channels - reserved"
         assert [ended(events, w) for w in [*background, foreground]] == [EndReason.COMPLETED] * 4
         first_bg_end = next(
             i for i, e in enumerate(events) if e.uid == 10 and e.kind == EventKind.ENDED
@@ -353,3 +353,42 @@ def test_with_no_reserve_the_last_band_takes_every_channel() -> None:
         d.run_until_idle()
         kinds = [(e.kind, e.id) for e in d.take_events() if e.kind != EventKind.REQUESTED]
         assert kinds[:2] == [(EventKind.STARTED, works[0]), (EventKind.STARTED, works[1])]
+
+
+def test_run_inference_runs_on_the_calling_thread_when_a_channel_is_free() -> None:
+    import threading
+
+    with driver(devices=[{"channels": 1}]) as d:
+        model = d.load_timed_model()
+        session = d.model_info(model)
+        real, threads = session.run, []
+
+        def recording(feeds: Any, call: Any) -> Any:
+            threads.append(threading.current_thread())
+            return real(feeds, call)
+
+        session.run = recording  # type: ignore[method-assign]
+        outputs = d.run_inference(model, uid=1, inputs=d.timed_inputs(model, 1))
+        assert outputs[0].shape[1] == CHAIN_WIDTH
+        assert threads == [threading.current_thread()]
+        busy = d.submit_future(model, uid=1, inputs=d.timed_inputs(model, 100))
+        while d.device_state(0).running[0] != busy.work_id and not busy.done():
+            d.run_until_idle(max_us=1000)
+        d.run_inference(model, uid=1, inputs=d.timed_inputs(model, 1))
+        assert threads[-1] is not threading.current_thread()  # queued: a worker ran it
+        d.run_until_idle()
+        events = d.take_events()
+        assert [e.kind for e in events if e.id == 1] == [
+            EventKind.REQUESTED,
+            EventKind.STARTED,
+            EventKind.ENDED,
+        ]
+
+
+def test_run_inference_on_the_calling_thread_times_out_and_is_cancelled() -> None:
+    with driver() as d:
+        model = d.load_timed_model()
+        with pytest.raises(TimeoutError):
+            d.run_inference(model, uid=1, inputs=d.timed_inputs(model, 2_000), timeout=0.02)
+        d.run_until_idle()
+        assert ended(d.take_events(), 1) == EndReason.CANCELLED_USER

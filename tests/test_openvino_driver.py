@@ -140,7 +140,7 @@ def test_cancel_stops_a_running_request() -> None:
     [
         (0, 4, "HIGH", "DEFAULT"),
         (1, 4, "HIGH", "DEFAULT"),
-        (2, 4, "MEDIUM", "DEFAULT"),
+        (2, 4, "MEDIUM", "EFFICIENT"),
         (3, 4, "LOW", "EFFICIENT"),
         (0, 2, "HIGH", "DEFAULT"),
         (0, 1, "MEDIUM", "DEFAULT"),

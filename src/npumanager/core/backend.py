@@ -217,6 +217,8 @@ class LocalBackend:
         original_uid: int | None,
         group_id: GroupId | None,
         feature_id: str | None,
+        *,
+        inline: bool = False,
     ) -> WorkHandle:
         """Run one real inference on a loaded model; a future of its outputs."""
         d, manager = self._d, model.manager
@@ -232,9 +234,22 @@ class LocalBackend:
                 group_id=group_id,
                 feature_id=feature_id,
                 debug_pid=manager.pid or 0,
+                inline=inline,
             )
             d.requests.work_submitted(future.work_id, model)
             return future
+
+    def run_inference(
+        self,
+        model: LoadedModel,
+        inputs: Mapping[str, Any],
+        job_priority: int,
+        timeout: float | None,
+    ) -> list[Any]:
+        """Run one real inference and return its outputs: on the calling thread when a
+        channel is free and nothing waits, outside the service lock."""
+        handle = self.submit_inference(model, inputs, job_priority, None, None, None, inline=True)
+        return self._real_driver().outputs(handle, timeout)
 
     def _real_driver(self) -> RealExecution:
         driver = self._d.driver

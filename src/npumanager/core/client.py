@@ -174,6 +174,15 @@ class InProcessBackend(Protocol):
     ) -> WorkHandle:
         """Run one real inference; a future of its outputs."""
 
+    def run_inference(
+        self,
+        model: LoadedModel,
+        inputs: Mapping[str, Any],
+        job_priority: int,
+        timeout: float | None,
+    ) -> list[Any]:
+        """Run one real inference and return its outputs."""
+
 
 def _in_process(backend: Backend) -> InProcessBackend:
     if not hasattr(backend, "submit_inference"):
@@ -361,12 +370,8 @@ class LoadedModel:
     ) -> list[Any]:
         """Run one real inference and return its outputs; after `timeout` seconds the work
         is cancelled and `TimeoutError` raised."""
-        handle = self.submit(inputs, job_priority=job_priority)
-        try:
-            return handle.result(timeout=timeout)
-        except TimeoutError:
-            handle.cancel()
-            raise
+        backend = _in_process(self.manager._service)
+        return backend.run_inference(self, inputs, job_priority, timeout)
 
     def cancel(self, work_id: int) -> None:
         """Cancel one of this model's jobs (it ends CANCELLED_USER)."""

@@ -233,8 +233,14 @@ class RealExecution(Protocol):
         group_id: GroupId | None = None,
         feature_id: str | None = None,
         debug_pid: int = 0,
+        inline: bool = False,
     ) -> WorkHandle:
-        """Queue one inference; a future of its outputs."""
+        """Queue one inference; a future of its outputs (`inline`: `outputs` may run it on
+        the calling thread)."""
+
+    def outputs(self, handle: Any, timeout: float | None = None) -> list[Any]:
+        """The outputs of submitted work (run here if it was submitted `inline` and a
+        channel was free); after `timeout` seconds it is cancelled and `TimeoutError` raised."""
 
 
 @runtime_checkable

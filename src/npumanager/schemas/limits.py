@@ -202,5 +202,6 @@ MAX_TIMED_ROWS: Final = 1 << 20
 OPENVINO_DEVICES: Final = ("NPU", "GPU", "CPU", "AUTO")
 """The devices the `openvino` driver may be opened on."""
 REAL_RESERVED_CHANNELS: Final = 1
-"""Channels of a real-runtime device that work of the last band leaves free for the others
-(it always gets one): a foreground inference then starts at once instead of waiting."""
+"""Channels of a real-runtime device that background work leaves free (it always gets one,
+and takes them when it is more important than all that runs): a foreground inference then
+starts at once instead of waiting for a background one."""

@@ -6,8 +6,8 @@ initializers', against `capacity_bytes` per device. Execution providers are conf
 (`providers=`, default CPU); after opening a session the driver checks
 `get_providers()`, logs a provider that fell back (the OpenVINO EP runs on CPU when no
 NPU is present) and reports the one really used as the session's `target`. A running
-inference is stopped with `RunOptions.terminate`. A model of a uid in the device's last
-band is marked `ep.dynamic.workload_type = Efficient` where the provider takes it.
+inference is stopped with `RunOptions.terminate`. A model of a uid in a background band
+(`is_background`) is marked `ep.dynamic.workload_type = Efficient` where the provider takes it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from npumanager.schemas.limits import (
     REAL_DEFAULT_CHANNELS,
 )
 from npumanager.vendor_drivers.realexec.base import ModelSource, RealDriver
-from npumanager.vendor_drivers.realexec.session import Call, InputSpec
+from npumanager.vendor_drivers.realexec.session import Call, InputSpec, is_background
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +130,8 @@ class OrtSession:
         return list(self.session.run(None, feeds, options))
 
     def set_band(self, band: int, bands: int) -> None:
-        """Mark the workload Efficient in the last band (of several), else Default."""
-        background = bands > 1 and band == bands - 1
+        """Mark the workload Efficient for a background band (`is_background`), else Default."""
+        background = is_background(band, bands)
         if background == self.background:
             return
         self.background = background

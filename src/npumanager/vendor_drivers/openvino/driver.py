@@ -5,19 +5,20 @@ on worker threads (`RealDriver`) with async inference requests.
 from ONNX (bytes or a `.onnx` path), OpenVINO IR (a `.xml` path with its `.bin`) or an
 `ov.Model`; weight bytes are the model's constants. On an NPU the capacity is what the
 device reports free (`NPU_DEVICE_TOTAL_MEM_SIZE - NPU_DEVICE_ALLOC_MEM_SIZE`), elsewhere
-`capacity_bytes`. A running request is stopped with `InferRequest.cancel()` (its callback
-does not fire then, so the cancel wakes the worker itself). The uid's band is relayed as
+`capacity_bytes`. A request runs with `start_async` and is waited for with `wait()`, which
+releases the GIL; a Python completion callback is not used (it runs on OpenVINO's thread
+and needs the GIL, and it does not fire on cancel). A running request is stopped with
+`InferRequest.cancel()`, which ends the wait with an error. The uid's band is relayed as
 `MODEL_PRIORITY` (HIGH above the last two bands, MEDIUM next to last, LOW last) and
-`WORKLOAD_TYPE` (EFFICIENT in the last band): at compile time where the device lists the
-property, afterwards with `set_property`; where the device takes neither (the CPU plugin)
-one log line says so and the driver's own queue does the ordering.
+`WORKLOAD_TYPE` (EFFICIENT for MEDIUM and LOW): at compile time where the device lists
+the property, afterwards with `set_property`; where the device takes neither (the CPU
+plugin) one log line says so and the driver's own queue does the ordering.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from npumanager.schemas.limits import (
     REAL_DEFAULT_CHANNELS,
 )
 from npumanager.vendor_drivers.realexec.base import ModelSource, RealDriver
-from npumanager.vendor_drivers.realexec.session import Call, InputSpec
+from npumanager.vendor_drivers.realexec.session import Call, InputSpec, is_background
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ def band_properties(band: int, bands: int) -> dict[str, str]:
         priority = "MEDIUM"
     else:
         priority = "HIGH"
-    workload = "EFFICIENT" if bands > 1 and band == bands - 1 else "DEFAULT"
+    workload = "EFFICIENT" if is_background(band, bands) else "DEFAULT"
     return {PRIORITY: priority, WORKLOAD: workload}
 
 
@@ -95,6 +96,10 @@ def _read(core: Any, model: ModelSource, path: str | Path | None) -> Any:
             f"not an ONNX or OpenVINO IR model ({str(exc).strip().splitlines()[-1]}); give "
             "ONNX bytes, an openvino.Model, or a .onnx / .xml path"
         ) from None
+
+
+def _nothing() -> None:
+    """A stop for a call whose request is back in the pool."""
 
 
 class OvSession:
@@ -149,27 +154,20 @@ class OvSession:
             return None
 
     def run(self, feeds: dict[str, np.ndarray], call: Call) -> list[np.ndarray]:
-        """One async inference; `call.cancel()` cancels the request and wakes the worker."""
+        """One async inference, waited for with the GIL released; `call.cancel()` cancels
+        the request (`InferRequest.cancel()`), which ends the wait with an error."""
         try:
             request = self._pool.get_nowait()
         except queue.Empty:
             request = self.compiled.create_infer_request()
-        finished = threading.Event()
-        request.set_callback(lambda _: finished.set(), None)
-
-        def stop() -> None:
-            request.cancel()
-            finished.set()
-
-        request.start_async(feeds)
-        call.arm(stop)
-        finished.wait()
         try:
-            request.wait()  # returns at once when done; raises if cancelled or failed
-            outputs = [
-                request.get_output_tensor(i).data.copy() for i in range(len(self.compiled.outputs))
-            ]
+            request.start_async(feeds)
+            call.arm(request.cancel)
+            request.wait()  # raises if cancelled or failed
+            count = len(self.compiled.outputs)
+            outputs = [request.get_output_tensor(i).data.copy() for i in range(count)]
         finally:
+            call.arm(_nothing)
             self._pool.put(request)
         if call.cancelled:
             raise RuntimeError("the inference was cancelled")

@@ -12,6 +12,7 @@ monotonic clock. A subclass opens models into `Session`s (`_open`).
 from __future__ import annotations
 
 import math
+import threading
 import time
 from abc import abstractmethod
 from collections.abc import Mapping
@@ -109,7 +110,7 @@ class RealDriver(Channels):
                 if model.session is not None and model.uid is not None:
                     band = self._band(model.device, model.uid, configs)
                     model.session.set_band(band, len(self.specs[model.device].bands))
-            self._lock.notify_all()
+            self._wake()
 
     # Models -------------------------------------------------------------------------------
 
@@ -277,6 +278,7 @@ class RealDriver(Channels):
         feature_id: str | None = None,
         debug_pid: int = 0,
         keep: bool = False,
+        inline: bool = False,
     ) -> WorkFuture:
         """Queue one inference; a future of its outputs (`cancel()` cancels the work)."""
         self._check_open()
@@ -335,9 +337,61 @@ class RealDriver(Channels):
                 )
                 return work.future
             self._work[work.id] = work
-            self._scheds[entry.device].enqueue(work, t)
-            self._lock.notify_all()
+            sched = self._scheds[entry.device]
+            sched.enqueue(work, t)
+            channel = self._free_channel(entry.device) if inline and sched.depth == 1 else None
+            if channel is not None and sched.pick(t) is work:
+                self._start(work, channel)
+                work.future.inline = work
+            else:
+                self._wake(entry.device)
             return work.future
+
+    def run_inference(
+        self,
+        model: int,
+        *,
+        uid: int,
+        inputs: Mapping[str, Any] | None,
+        job_priority: int = MIN_PRIORITY,
+        timeout: float | None = None,
+        **details: Any,
+    ) -> list[np.ndarray]:
+        """Run one inference and return its outputs (`submit_future(inline=True)`, then
+        `outputs`)."""
+        future = self.submit_future(
+            model, uid=uid, inputs=inputs, job_priority=job_priority, inline=True, **details
+        )
+        return self.outputs(future, timeout)
+
+    def outputs(self, future: WorkFuture, timeout: float | None = None) -> list[np.ndarray]:
+        """The outputs of submitted work. Work submitted `inline` that found a free channel
+        with nothing waiting runs here, on the calling thread (no hand-over to a worker).
+        After `timeout` seconds the work is cancelled and `TimeoutError` raised."""
+        work, future.inline = future.inline, None
+        if work is None:
+            try:
+                return future.result(timeout=timeout)
+            except TimeoutError:
+                future.cancel()
+                raise
+        fired: list[bool] = []
+
+        def expire() -> None:
+            fired.append(True)
+            future.cancel()
+
+        timer = None if timeout is None else threading.Timer(timeout, expire)
+        if timer is not None:
+            timer.start()
+        try:
+            self._execute(work)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if fired and future.cancelled():
+            raise TimeoutError(f"work {future.work_id} did not end within {timeout} s")
+        return future.result()
 
 
 __all__ = ["ExecutionError", "ModelSource", "RealDriver", "Work"]

@@ -41,7 +41,7 @@ from npumanager.schemas.limits import (
     REAL_NO_SLICE_US,
     REAL_RESERVED_CHANNELS,
 )
-from npumanager.vendor_drivers.realexec.session import Call, Session
+from npumanager.vendor_drivers.realexec.session import Call, Session, is_background
 from npumanager.vendor_drivers.realexec.work import WorkFuture, effective_priority
 
 
@@ -97,11 +97,14 @@ class Channels(DriverBase):
         self.specs = [s.model_copy(update={"slice_us": REAL_NO_SLICE_US}) for s in specs]
         self.max_live_work = check_int("max_live_work", max_live_work, 1, MAX_LIVE_WORK)
         self.max_models = check_int("max_models", max_models, 1, MAX_MODELS)
-        self._lock = threading.Condition(threading.RLock())
+        mutex = threading.RLock()
+        self._lock = threading.Condition(mutex)
         self._pump_lock = threading.Lock()
+        self._ready = [threading.Condition(mutex) for _ in self.specs]
+        """Per device, what its workers wait on: woken only when there is work to take."""
         reserved = check_int("reserved_channels", reserved_channels, 0, MAX_CHANNELS)
-        self._last_band_limit = [max(1, s.channels - reserved) for s in self.specs]
-        self._last_band_busy = [0] * len(self.specs)
+        self._background_limit = [max(1, s.channels - reserved) for s in self.specs]
+        self._background_busy = [0] * len(self.specs)
         self._scheds = [DeviceScheduler[Work](s) for s in self.specs]
         self._used = [0] * len(self.specs)
         self._models: dict[int, Model] = {}
@@ -184,7 +187,7 @@ class Channels(DriverBase):
             work.future.fail(ExecutionError(f"work {work.id} failed"))
         else:
             work.future.cancelled_by_driver()
-        self._lock.notify_all()
+        self._wake(work.device)
 
     # Workers ------------------------------------------------------------------------------
 
@@ -193,57 +196,84 @@ class Channels(DriverBase):
         while True:
             with self._lock:
                 while not self._closed and not self._can_take(device, channel):
-                    self._lock.wait()
+                    self._ready[device].wait()
                 if self._closed:
                     return
-                t = self.now_us
-                work = sched.pick(t)
+                work = sched.pick(self.now_us)
                 if work is None:
                     continue
-                sched.start(work, channel, t)
-                session = self._models[work.model].session
-                last = self._in_last_band(device, work)
-                feeds, work.call = work.feeds, Call(last)
-                self._busy += 1
-                self._last_band_busy[device] += last
-                self._event(EventKind.STARTED, StartReason.INITIAL, work, t)
-            assert session is not None and feeds is not None
-            outputs: list[np.ndarray] | None = None
-            error: Exception | None = None
-            try:
-                outputs = session.run(feeds, work.call)
-            except Exception as exc:  # the runtime's failure or its stop
-                error = exc
-            with self._lock:
-                self._busy -= 1
-                self._last_band_busy[device] -= last
-                if self._work.get(work.id) is work:
-                    t = self.now_us
-                    sched.stop(work, t, requeue=False)
-                    del self._work[work.id]
-                    work.feeds = None
-                    if outputs is not None:
-                        self._event(EventKind.ENDED, EndReason.COMPLETED, work, t)
-                        self._keep(work, outputs)
-                    else:
-                        self._event(EventKind.ENDED, EndReason.FAILED, work, t)
-                        work.future.fail(ExecutionError(f"the runtime failed: {error}"))
-                self._lock.notify_all()
+                self._start(work, channel)
+            self._execute(work)
 
-    def _in_last_band(self, device: int, work: Work) -> bool:
-        bands = self.specs[device].bands
-        return len(bands) > 1 and bands[-1].first_priority <= work.effective_priority
+    def _start(self, work: Work, channel: int) -> None:
+        """Put picked work on a channel (lock held): STARTED now."""
+        t = self.now_us
+        self._scheds[work.device].start(work, channel, t)
+        work.call = Call(self._in_background(work.device, work))
+        self._busy += 1
+        self._background_busy[work.device] += work.call.background
+        self._event(EventKind.STARTED, StartReason.INITIAL, work, t)
+
+    def _execute(self, work: Work) -> None:
+        """Run started work on this thread (lock not held), then end it as it went."""
+        session = self._models[work.model].session
+        assert session is not None and work.feeds is not None and work.call is not None
+        outputs: list[np.ndarray] | None = None
+        error: Exception | None = None
+        try:
+            outputs = session.run(work.feeds, work.call)
+        except Exception as exc:  # the runtime's failure or its stop
+            error = exc
+        with self._lock:
+            self._busy -= 1
+            self._background_busy[work.device] -= work.call.background
+            if self._work.get(work.id) is work:
+                t = self.now_us
+                self._scheds[work.device].stop(work, t, requeue=False)
+                del self._work[work.id]
+                work.feeds = None
+                if outputs is not None:
+                    self._event(EventKind.ENDED, EndReason.COMPLETED, work, t)
+                    self._keep(work, outputs)
+                else:
+                    self._event(EventKind.ENDED, EndReason.FAILED, work, t)
+                    work.future.fail(ExecutionError(f"the runtime failed: {error}"))
+            self._wake(work.device)
+
+    def _wake(self, device: int | None = None) -> None:
+        """Wake the workers of a device (or all) when work waits, and `run_until_idle`
+        when nothing is live (lock held); no wake-up is spent on nothing."""
+        for d in range(len(self.specs)) if device is None else (device,):
+            if self._scheds[d].depth or self._closed:
+                self._ready[d].notify_all()
+        if (not self._work and not self._busy) or self._closed:
+            self._lock.notify_all()
+
+    def _free_channel(self, device: int) -> int | None:
+        """A channel the calling thread may run the next job on (lock held), if any."""
+        for channel in range(self.specs[device].channels):
+            if self._can_take(device, channel):
+                return channel
+        return None
+
+    def _in_background(self, device: int, work: Work) -> bool:
+        spec = self.specs[device]
+        return is_background(spec.band_of(work.effective_priority), len(spec.bands))
 
     def _can_take(self, device: int, channel: int) -> bool:
-        """A job waits, the channel is free, and the next job is not held back: work of
-        the last band uses at most `channels - reserved_channels` channels (at least 1)."""
+        """A job waits, the channel is free, and the next job is not held back: background
+        work (`is_background`) takes the last `reserved_channels` free channels only if it
+        is more important than every running job (it always gets one channel)."""
         sched = self._scheds[device]
         if sched.depth == 0 or sched.running[channel] is not None:
             return False
         head = sched.peek(self.now_us)
-        if head is None or not self._in_last_band(device, head):
+        if head is None or not self._in_background(device, head):
             return True
-        return self._last_band_busy[device] < self._last_band_limit[device]
+        if self._background_busy[device] < self._background_limit[device]:
+            return True
+        running = [w.effective_priority for w in sched.running if w is not None]
+        return head.effective_priority < min(running, default=head.effective_priority + 1)
 
     def _keep(self, work: Work, outputs: list[np.ndarray]) -> None:
         if work.future.keep:
@@ -314,7 +344,7 @@ class Channels(DriverBase):
             for work in sorted(self._work.values(), key=lambda w: w.id):
                 self._end(work, EndReason.CANCELLED_SYSTEM)
             self._closed = True
-            self._lock.notify_all()
+            self._wake()
         for thread in self._threads:
             thread.join()
         for entry in self._models.values():

@@ -27,20 +27,25 @@ class Call:
         self._lock = threading.Lock()
 
     def arm(self, stop: Callable[[], None]) -> None:
-        """The runtime's stop for this call; called at once if it was cancelled already."""
+        """The runtime's stop for this call (replacing any before); called at once if the
+        call was cancelled already."""
         with self._lock:
             self._stop = stop
-            cancelled = self.cancelled
-        if cancelled:
-            stop()
+            if self.cancelled:
+                stop()
 
     def cancel(self) -> None:
         """Stop the inference with the runtime's own cancel (if it has started)."""
         with self._lock:
             self.cancelled = True
-            stop = self._stop
-        if stop is not None:
-            stop()
+            if self._stop is not None:
+                self._stop()  # under the lock: a stop replaced by `arm` never runs late
+
+
+def is_background(band: int, bands: int) -> bool:
+    """True for the two last bands of three or more (the `normal` and `idle` bands of the
+    default spec: cached and unknown apps), the last of two, none of one."""
+    return bands > 1 and band >= max(1, bands - 2)
 
 
 @dataclass(frozen=True)
@@ -80,9 +85,9 @@ def check_feeds(inputs: tuple[InputSpec, ...], given: Mapping[str, Any]) -> dict
     """`given` as arrays of the model's inputs; a wrong name, dtype or shape is refused."""
     if not isinstance(given, Mapping):
         raise IllegalArgumentError(f"inputs must be a mapping of name to array; got {given!r}")
-    allowed = ", ".join(spec.describe() for spec in inputs)
     names = {spec.name for spec in inputs}
     if set(given) != names:
+        allowed = ", ".join(spec.describe() for spec in inputs)
         extra = sorted(map(str, set(given) - names))
         missing = sorted(names - set(given))
         raise IllegalArgumentError(

@@ -51,6 +51,8 @@ class WorkFuture(Future[list[np.ndarray]]):
         super().__init__()
         self.work_id = work_id
         self.keep = keep
+        self.inline: Any = None
+        """The work, when the submitting thread is to run it itself (`run_inference`)."""
         self._driver = driver
 
     def cancel(self) -> bool:
