@@ -179,6 +179,9 @@ class TimedWork(Protocol):
     `cost_cycles`; one inference then runs for about `ms` on this machine.
     """
 
+    def timed_model(self) -> bytes:
+        """The model built in code, serialized as the driver loads it (`model=`)."""
+
     def load_timed_model(self, device: int = 0) -> int:
         """Load the model built in code on `device` (its real bytes counted); its handle."""
 

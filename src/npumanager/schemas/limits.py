@@ -205,3 +205,5 @@ REAL_RESERVED_CHANNELS: Final = 1
 """Channels of a real-runtime device that background work leaves free (it always gets one,
 and takes them when it is more important than all that runs): a foreground inference then
 starts at once instead of waiting for a background one."""
+REAL_DEMO_SECONDS: Final = 4.0
+"""How long each run of `npu-manager demo --real` lasts, in wall-clock seconds."""

@@ -32,6 +32,7 @@ MODES = ("direct", "managed")
 ALWAYS_SHOWN = frozenset({"overcommit_events", "unload_requests"})
 """Rows shown even when every run has nothing there (others are left out then)."""
 PROGRESS_CHOICES = ("auto", "always", "never")
+DEFAULT_DRIVER = "vnpu"
 
 ROWS: list[tuple[str, str]] = [
     ("camera_frames", "camera frames"),
@@ -65,7 +66,9 @@ def add_play_arguments(parser: argparse.ArgumentParser) -> None:
     """The options demo and simulate share."""
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
-        "--driver", default="vnpu", help="the simulated driver to run on (default: vnpu)"
+        "--driver",
+        default=DEFAULT_DRIVER,
+        help="the driver to run on (default: vnpu; with demo --real, openvino or onnxruntime)",
     )
     parser.add_argument(
         "--trace",
@@ -106,7 +109,10 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def demo(ctx: Context, table: Table, default: Path) -> int:
-    """Play the demo scenario (or `--scenario FILE`) direct and managed."""
+    """Play the demo scenario (or `--scenario FILE`) direct and managed; `--real`: its
+    camera and background apps as real models on this machine."""
+    if getattr(ctx.args, "real", False):
+        return _play_real(ctx, table)
     scenario = load_scenario(ctx.args.scenario or default)
     return _play(ctx, table, scenario, MODES)
 
@@ -178,6 +184,34 @@ def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str]) 
     print(table(body, ["", *(mode.upper() for mode in modes)]), file=ctx.out)
     for line in written:
         print(line, file=ctx.out)
+    return 0
+
+
+def _play_real(ctx: Context, table: Table) -> int:
+    from npumanager.simulation import real_demo
+
+    asked = None if ctx.args.driver == DEFAULT_DRIVER else ctx.args.driver
+    driver = real_demo.pick_driver(ctx.registry, asked)
+    seconds = ctx.args.seconds
+    metrics = {
+        "direct": real_demo.run_direct(ctx.registry, driver, seconds),
+        "managed": real_demo.run_managed(ctx.registry, driver, seconds),
+    }
+    if ctx.args.json:
+        json.dump(metrics, ctx.out, indent=2)
+        ctx.out.write("\n")
+        return 0
+    print(
+        f"demo --real: a camera (foreground, a frame every 33 ms) beside a background app "
+        f"(cached), real models on {driver}, {seconds:g} s of wall time per run\n",
+        file=ctx.out,
+    )
+    body = [
+        [label, *(_cell(key, metrics[mode][key]) for mode in MODES)]
+        for key, label in ROWS
+        if key in metrics["managed"]
+    ]
+    print(table(body, ["", *(mode.upper() for mode in MODES)]), file=ctx.out)
     return 0
 
 
