@@ -32,8 +32,9 @@ def _calibrate(
 ) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
     """The model built in code and each app's inputs, sized on this machine."""
     probe: Any = registry.driver(driver).factory()
+    close = probe.close
     if not isinstance(probe, TimedWork):
-        probe.close()
+        close()
         raise NpuManagerError(
             f"driver {driver!r} runs no real models; demo --real takes {', '.join(REAL_DRIVERS)}"
         )
@@ -45,7 +46,7 @@ def _calibrate(
             probe.timed_inputs(model, BACKGROUND_MS),
         )
     finally:
-        probe.close()
+        close()
 
 
 def _camera(run: Any, seconds: float) -> list[float]:
