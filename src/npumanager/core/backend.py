@@ -155,15 +155,9 @@ class LocalBackend:
         self, manager: NpuManager, request: ModelLoadRequest, weight_bytes: int, sram_bytes: int
     ) -> LoadedModel:
         """Load a granted request's model on its device, within what its grant allows."""
-        d, key = self._d, RequestKey(manager.client, request.id)
+        d = self._d
         with d.lock:
-            record = d.requests.live(key, request)
-            state = d.arbiter.state_of(manager.client, request.id)
-            if state not in _LOADABLE:
-                raise RequestStateError(
-                    f"request {request.id} is {state}; a model may be loaded only after "
-                    "CAN_LOAD_NOW"
-                )
+            record = self._granted(manager, request)
             declared = d.arbiter.declared_bytes(manager.client, request.id)
             d.requests.check_allowance(record, declared, weight_bytes)
             device = record.device or 0
@@ -183,15 +177,9 @@ class LocalBackend:
     ) -> LoadedModel:
         """Open a granted request's real model on its device; its bytes are counted from the
         model, and a model over what the grant allows is unloaded again."""
-        d, key = self._d, RequestKey(manager.client, request.id)
+        d = self._d
         with d.lock:
-            record = d.requests.live(key, request)
-            state = d.arbiter.state_of(manager.client, request.id)
-            if state not in _LOADABLE:
-                raise RequestStateError(
-                    f"request {request.id} is {state}; a model may be loaded only after "
-                    "CAN_LOAD_NOW"
-                )
+            record = self._granted(manager, request)
             driver = self._real_driver()
             device = record.device or 0
             handle = driver.load_model(
@@ -250,6 +238,17 @@ class LocalBackend:
         channel is free and nothing waits, outside the service lock."""
         handle = self.submit_inference(model, inputs, job_priority, None, None, None, inline=True)
         return self._real_driver().outputs(handle, timeout)
+
+    def _granted(self, manager: NpuManager, request: ModelLoadRequest) -> RequestRecord:
+        """The record of a live request that may load models now (service lock held)."""
+        d = self._d
+        record = d.requests.live(RequestKey(manager.client, request.id), request)
+        state = d.arbiter.state_of(manager.client, request.id)
+        if state not in _LOADABLE:
+            raise RequestStateError(
+                f"request {request.id} is {state}; a model may be loaded only after CAN_LOAD_NOW"
+            )
+        return record
 
     def _real_driver(self) -> RealExecution:
         driver = self._d.driver

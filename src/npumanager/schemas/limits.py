@@ -58,11 +58,9 @@ MAX_BURST: Final = 1 << 16
 MAX_HEAT_STEP_MC: Final = 10**9
 """The largest thermal spike (up or down) `add_heat` takes, in milli-degrees Celsius."""
 MAX_RUNTIME_DEVICES: Final = 1 << 10
-"""Devices a driver over a real runtime (`onnxruntime`) may open."""
+"""Devices a driver over a real runtime (`onnxruntime`, `openvino`) may open."""
 MAX_INTRA_OP_THREADS: Final = 256
-"""Threads one `onnxruntime` session may use inside an operator."""
-MAX_CALIBRATION_RUNS: Final = 100
-"""Timed runs the `onnxruntime` driver may make of a model at load to measure its cost."""
+"""Threads one real-runtime session may use inside an operator."""
 DEFAULT_RUN_UNTIL_IDLE_MS: Final = 60_000
 """How much virtual time `Service.run_until_idle` gives at most, unless told."""
 

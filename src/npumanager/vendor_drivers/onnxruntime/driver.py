@@ -28,11 +28,10 @@ from npumanager.schemas.device import DeviceSpec
 from npumanager.schemas.limits import (
     INT64_MAX,
     MAX_INTRA_OP_THREADS,
-    MAX_RUNTIME_DEVICES,
     REAL_DEFAULT_CAPACITY_BYTES,
     REAL_DEFAULT_CHANNELS,
 )
-from npumanager.vendor_drivers.realexec.base import ModelSource, RealDriver
+from npumanager.vendor_drivers.realexec.base import ModelSource, RealDriver, real_specs
 from npumanager.vendor_drivers.realexec.session import Call, InputSpec, is_background
 
 log = logging.getLogger(__name__)
@@ -169,16 +168,7 @@ class OnnxRuntimeDriver(RealDriver):
         **options: Any,
     ) -> None:
         capacity = check_int("capacity_bytes", capacity_bytes, 1, INT64_MAX)
-        if isinstance(devices, int):
-            count = check_int("devices", devices, 1, MAX_RUNTIME_DEVICES)
-            specs = [
-                DeviceSpec(channels=channels, weight_memory_bytes=capacity) for _ in range(count)
-            ]
-        else:
-            specs = [
-                d if isinstance(d, DeviceSpec) else DeviceSpec.model_validate(d) for d in devices
-            ]
-            check_int("number of devices", len(specs), 1, MAX_RUNTIME_DEVICES)
+        specs = real_specs(devices, channels, capacity)
         available = set(ort.get_available_providers())
         names = [p if isinstance(p, str) else p[0] for p in providers]
         unknown = [n for n in names if n not in available]

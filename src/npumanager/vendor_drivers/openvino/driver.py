@@ -32,12 +32,11 @@ from npumanager.schemas.device import DeviceSpec
 from npumanager.schemas.limits import (
     INT64_MAX,
     MAX_INTRA_OP_THREADS,
-    MAX_RUNTIME_DEVICES,
     OPENVINO_DEVICES,
     REAL_DEFAULT_CAPACITY_BYTES,
     REAL_DEFAULT_CHANNELS,
 )
-from npumanager.vendor_drivers.realexec.base import ModelSource, RealDriver
+from npumanager.vendor_drivers.realexec.base import ModelSource, RealDriver, real_specs
 from npumanager.vendor_drivers.realexec.session import Call, InputSpec, is_background
 
 log = logging.getLogger(__name__)
@@ -225,16 +224,7 @@ class OpenVinoDriver(RealDriver):
             )
         self.device = name
         capacity = self._capacity(capacity_bytes)
-        if isinstance(devices, int):
-            count = check_int("devices", devices, 1, MAX_RUNTIME_DEVICES)
-            specs = [
-                DeviceSpec(channels=channels, weight_memory_bytes=capacity) for _ in range(count)
-            ]
-        else:
-            specs = [
-                d if isinstance(d, DeviceSpec) else DeviceSpec.model_validate(d) for d in devices
-            ]
-            check_int("number of devices", len(specs), 1, MAX_RUNTIME_DEVICES)
+        specs = real_specs(devices, channels, capacity)
         self.inference_threads = check_int(
             "inference_threads", inference_threads, 1, MAX_INTRA_OP_THREADS
         )

@@ -15,7 +15,7 @@ import math
 import threading
 import time
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +25,13 @@ from npumanager.checks import GroupId, check_int, group_bytes
 from npumanager.core.events import NO_REASON, EventKind
 from npumanager.errors import CapacityError, IllegalArgumentError, UnknownModelError
 from npumanager.schemas import EndReason, SchedulingConfig
-from npumanager.schemas.device import DeviceDescription, DeviceStatus
+from npumanager.schemas.device import DeviceDescription, DeviceSpec, DeviceStatus
 from npumanager.schemas.limits import (
     INT32_MAX,
     INT32_MIN,
     INT64_MAX,
     MAX_PRIORITY,
+    MAX_RUNTIME_DEVICES,
     MAX_TIMED_ROWS,
     MIN_PRIORITY,
     TIMED_CALIBRATION_ROWS,
@@ -42,6 +43,19 @@ from npumanager.vendor_drivers.realexec.work import WorkFuture, effective_priori
 
 ModelSource = bytes | Any | None
 """A model as a runtime takes it: bytes, or the runtime's own model object."""
+
+
+def real_specs(
+    devices: int | Sequence[DeviceSpec | Mapping[str, Any]], channels: int, capacity: int
+) -> list[DeviceSpec]:
+    """`devices` devices of `channels` channels and `capacity` weight bytes, or the specs
+    given."""
+    if isinstance(devices, int):
+        count = check_int("devices", devices, 1, MAX_RUNTIME_DEVICES)
+        return [DeviceSpec(channels=channels, weight_memory_bytes=capacity) for _ in range(count)]
+    specs = [d if isinstance(d, DeviceSpec) else DeviceSpec.model_validate(d) for d in devices]
+    check_int("number of devices", len(specs), 1, MAX_RUNTIME_DEVICES)
+    return specs
 
 
 class RealDriver(Channels):
