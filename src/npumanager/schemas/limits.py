@@ -175,6 +175,10 @@ DEFAULT_INFO_LIMIT: Final = 100
 """Requests listed per state (and clients and priorities) by `info` unless asked for more."""
 MAX_INFO_LIMIT: Final = 500
 """The most entries per list one `info` reply carries; larger lists are paged."""
+DEFAULT_CALL_TIMEOUT_S: Final = 30.0
+"""How long a daemon client waits for an answer before it gives up."""
+MAX_CALL_TIMEOUT_S: Final = 86_400.0
+"""The longest answer wait a daemon verb's `--timeout` may ask for: a day."""
 SHUTDOWN_FLUSH_S: Final = 2.0
 """How long a stopping daemon spends, in all, handing its last frames to the clients."""
 LOG_BURST: Final = 10
@@ -205,3 +209,25 @@ and takes them when it is more important than all that runs): a foreground infer
 starts at once instead of waiting for a background one."""
 REAL_DEMO_SECONDS: Final = 4.0
 """How long each run of `npu-manager demo --real` lasts, in wall-clock seconds."""
+
+HEALTH_READ_INTERVAL_MS: Final = 1_000
+"""How often a health source is read unless it asks otherwise (ivpu advises at most 1/s)."""
+MIN_HEALTH_READ_INTERVAL_MS: Final = 10
+MAX_HEALTH_READ_INTERVAL_MS: Final = 3_600_000
+HEALTH_STOP_TIMEOUT_S: Final = 5.0
+"""How long closing a service waits for its health thread to finish a read."""
+PSI_MIN_WINDOW_MS: Final = 500
+"""The shortest window the kernel accepts for a PSI trigger."""
+PSI_MAX_WINDOW_MS: Final = 10_000
+"""The longest window the kernel accepts for a PSI trigger."""
+PSI_UNPRIVILEGED_WINDOW_MS: Final = 2_000
+"""Without CAP_SYS_RESOURCE a PSI trigger's window must be a multiple of this."""
+DEFAULT_PSI_WINDOW_MS: Final = 2_000
+DEFAULT_PSI_SOME_MODERATE: Final = 10.0
+"""PSI `some` share (percent, avg10 or a trigger's window) at which memory pressure is 1."""
+DEFAULT_PSI_SOME_CRITICAL: Final = 40.0
+"""PSI `some` share (percent) at which memory pressure is 2."""
+CAP_SYS_RESOURCE: Final = 24
+"""The capability bit that lets a process create PSI triggers of any window."""
+MAX_HEALTH_FILE_BYTES: Final = 64 << 10
+"""The most of one sysfs or procfs file the health sources read: every one they read is small."""
