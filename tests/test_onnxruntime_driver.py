@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort  # type: ignore[import-untyped,unused-ignore]
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -20,9 +21,16 @@ from npumanager.core.events import EventKind, WorkEvent
 from npumanager.core.plugins import load_plugins
 from npumanager.errors import CapacityError, IllegalArgumentError
 from npumanager.schemas import DriverCapability, EndReason, SchedulingConfig
+from npumanager.schemas.limits import CHAIN_WIDTH
 from npumanager.testing import DriverSuite
+from npumanager.testing.suite import lifecycle
 from npumanager.vendor_drivers import onnxruntime as ort_plugin
-from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver, weight_bytes_of
+from npumanager.vendor_drivers.onnxruntime.driver import (
+    OnnxRuntimeDriver,
+    OrtSession,
+    weight_bytes_of,
+)
+from npumanager.vendor_drivers.realexec.base import ExecutionError
 
 RNG = np.random.default_rng(5)
 W = RNG.standard_normal((4, 8)).astype(np.float32)  # 128 bytes
@@ -47,8 +55,8 @@ def linear_model(w: np.ndarray = W, b: np.ndarray = B) -> onnx.ModelProto:
     return model
 
 
-def virtual(**options: Any) -> OnnxRuntimeDriver:
-    return OnnxRuntimeDriver(clock="virtual", **options)
+def driver(**options: Any) -> OnnxRuntimeDriver:
+    return OnnxRuntimeDriver(**options)
 
 
 def ended(events: list[WorkEvent], work: int) -> EndReason | None:
@@ -70,7 +78,11 @@ class TestOnnxRuntimeConformance(DriverSuite):
 
 def test_registered_with_honest_capabilities() -> None:
     record = load_plugins().driver("onnxruntime")
-    assert set(record.capabilities) == {DriverCapability.REAL_TIME, DriverCapability.MULTI_DEVICE}
+    assert set(record.capabilities) == {
+        DriverCapability.REAL_TIME,
+        DriverCapability.MULTI_DEVICE,
+        DriverCapability.FAIR_SHARE,
+    }
 
 
 def test_missing_extra_registers_nothing_and_says_which_extra(
@@ -109,123 +121,279 @@ def test_plugins_lists_without_the_extra() -> None:
 
 def test_vts_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["vts", "--driver", "onnxruntime"]) == 0
-    assert "driver onnxruntime: 19 pass, 0 fail, 4 skip" in capsys.readouterr().out
+    assert "driver onnxruntime: 20 pass, 0 fail, 3 skip" in capsys.readouterr().out
 
 
 def test_weight_bytes_come_from_the_initializers() -> None:
     model = linear_model()
     assert weight_bytes_of(model) == W.nbytes + B.nbytes == 160
-    with virtual() as driver:
-        driver.load_model(0, model=model.SerializeToString())
-        assert driver.device_state(0).weight_memory_used_bytes == 160
+    with driver() as d:
+        handle = d.load_model(0, model=model.SerializeToString())
+        assert d.device_state(0).weight_memory_used_bytes == 160 == d.model_bytes(handle)
 
 
-def test_load_from_path(tmp_path: Any) -> None:
+def test_load_from_a_path_and_a_model_proto(tmp_path: Any) -> None:
     path = tmp_path / "linear.onnx"
     onnx.save_model(linear_model(), str(path))
-    with virtual() as driver:
-        handle = driver.load_model(0, path=path)
-        assert driver.cost_cycles(handle) >= 1
+    with driver() as d:
+        d.load_model(0, path=path)
+        d.load_model(0, model=linear_model())
+        assert d.device_state(0).models_loaded == 2
+
+
+def test_the_provider_really_used_is_reported() -> None:
+    with driver() as d:
+        handle = d.load_model(0, model=linear_model())
+        assert d.model_info(handle).target == "CPUExecutionProvider"
+
+
+def test_a_provider_that_is_not_there_is_refused() -> None:
+    with pytest.raises(IllegalArgumentError, match="available"):
+        OnnxRuntimeDriver(providers=["NoSuchExecutionProvider"])
+
+
+def test_a_provider_that_falls_back_is_logged_and_not_claimed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real = ort.InferenceSession
+
+    def falls_back(model: bytes, sess_options: Any, providers: list[str]) -> Any:
+        return real(model, sess_options=sess_options, providers=["CPUExecutionProvider"])
+
+    monkeypatch.setattr(ort, "InferenceSession", falls_back)
+    with caplog.at_level(logging.WARNING):
+        session = OrtSession(linear_model(), ["OpenVINOExecutionProvider"], 1, 0)
+    assert session.target == "CPUExecutionProvider"
+    assert "asked for OpenVINOExecutionProvider but runs on ['CPUExecutionProvider']" in caplog.text
 
 
 def test_a_load_that_does_not_fit_leaves_nothing_loaded() -> None:
-    with virtual(capacity_bytes=300) as driver:
-        driver.load_model(0, model=linear_model())
-        with pytest.raises(CapacityError):
-            driver.load_model(0, model=linear_model())
-        state = driver.device_state(0)
+    with driver(capacity_bytes=300) as d:
+        d.load_model(0, model=linear_model())
+        with pytest.raises(CapacityError, match="do not fit"):
+            d.load_model(0, model=linear_model())
+        state = d.device_state(0)
         assert (state.weight_memory_used_bytes, state.models_loaded) == (160, 1)
 
 
-def test_not_an_onnx_model_is_an_illegal_argument() -> None:
-    with virtual() as driver, pytest.raises(IllegalArgumentError):
-        driver.load_model(0, model=b"not onnx")
-    with virtual() as driver:
-        assert driver.device_state(0).models_loaded == 0
+@pytest.mark.parametrize("bad", [b"not onnx", b"", "a string"])
+def test_not_an_onnx_model_is_an_illegal_argument(bad: Any) -> None:
+    with driver() as d:
+        with pytest.raises(IllegalArgumentError, match="ONNX"):
+            d.load_model(0, model=bad)
+        assert d.device_state(0).models_loaded == 0
+
+
+def test_an_unknown_device_is_refused_naming_the_devices() -> None:
+    with driver() as d, pytest.raises(LookupError, match=r"devices are 0\.\.0"):
+        d.load_model(1, model=linear_model())
 
 
 def test_an_inference_computes_the_model() -> None:
     x = RNG.standard_normal((1, 4)).astype(np.float32)
-    with virtual() as driver:
-        model = driver.load_model(0, model=linear_model())
-        work = driver.submit(model, uid=10, inputs={"x": x})
-        zeros = driver.submit(model, uid=10)
-        driver.run_until_idle()
-        assert ended(driver.take_events(), work) == EndReason.COMPLETED
-        np.testing.assert_allclose(driver.result(work)[0], x @ W + B, rtol=1e-5)
-        np.testing.assert_allclose(driver.result(zeros)[0], B[None, :], rtol=1e-5)
+    with driver() as d:
+        model = d.load_model(0, model=linear_model())
+        work = d.submit(model, uid=10, inputs={"x": x})
+        d.run_until_idle()
+        assert ended(d.take_events(), work) == EndReason.COMPLETED
+        np.testing.assert_allclose(d.result(work)[0], x @ W + B, rtol=1e-5)
         with pytest.raises(LookupError):
-            driver.result(work)
+            d.result(work)
 
 
-def test_wrong_inputs_are_an_illegal_argument() -> None:
-    with virtual() as driver:
-        model = driver.load_model(0, model=linear_model())
-        with pytest.raises(IllegalArgumentError):
-            driver.submit(model, uid=10, inputs={"nope": np.zeros((1, 4))})
+@pytest.mark.parametrize(
+    ("inputs", "match"),
+    [
+        ({"nope": np.zeros((1, 4), np.float32)}, "unknown \\['nope'\\], missing \\['x'\\]"),
+        ({"x": np.zeros((1, 4), np.float64)}, "dtype float64; the model takes float32"),
+        (
+            {"x": np.zeros((2, 4), np.float32)},
+            "shape \\[2, 4\\]; the model takes x: float32\\[1, 4\\]",
+        ),
+        ({"x": "text"}, "not convertible"),
+        (None, "inputs= is required: x: float32"),
+    ],
+)
+def test_wrong_inputs_are_refused_and_nothing_is_queued(inputs: Any, match: str) -> None:
+    with driver() as d:
+        model = d.load_model(0, model=linear_model())
+        with pytest.raises(IllegalArgumentError, match=match):
+            d.submit(model, uid=10, inputs=inputs)
+        assert d.take_events() == []
 
 
-def test_a_more_important_uid_runs_next_and_nothing_is_paused() -> None:
-    with virtual(devices=[{"channels": 1}]) as driver:
-        driver.set_scheduling_configs(
+def test_cycles_or_a_placeholder_are_refused_by_a_real_driver() -> None:
+    with driver() as d:
+        model = d.load_model(0, model=linear_model())
+        with pytest.raises(IllegalArgumentError, match="simulated"):
+            d.submit(model, uid=10, cost_cycles=1000)
+        placeholder = d.load_model(0, weight_bytes=100)
+        with pytest.raises(IllegalArgumentError, match="no runtime session"):
+            d.submit(placeholder, uid=10, inputs={"x": np.zeros((1, 4), np.float32)})
+
+
+def test_a_more_important_uid_takes_the_next_channel_and_nothing_is_paused() -> None:
+    with driver(devices=[{"channels": 1}]) as d:
+        d.set_scheduling_configs(
             [SchedulingConfig(uid=10, app_priority=500), SchedulingConfig(uid=20, app_priority=0)]
         )
-        model = driver.load_model(0, model=linear_model())
-        cost = 1_000_000  # 1 ms at 1000 cycles per us
-        first = driver.submit(model, uid=10, cost_cycles=cost)
-        driver.advance(100)  # `first` is running
-        background = driver.submit(model, uid=10, cost_cycles=cost)
-        foreground = driver.submit(model, uid=20, cost_cycles=cost)
-        again = driver.submit(model, uid=20, cost_cycles=cost)
-        driver.run_until_idle()
-        events = driver.take_events()
-        assert completion_order(events) == [first, foreground, again, background]
+        model = d.load_timed_model()
+        first = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 50))
+        while d.device_state(0).running[0] != first.work_id and not first.done():
+            d.run_until_idle(max_us=1000)
+        small = d.timed_inputs(model, 1)
+        background = d.submit(model, uid=10, inputs=small)
+        foreground = d.submit(model, uid=20, inputs=small)
+        again = d.submit(model, uid=20, inputs=small)
+        d.run_until_idle()
+        events = d.take_events()
+        assert completion_order(events) == [first.work_id, foreground, again, background]
         assert not [e for e in events if e.kind == EventKind.ENDED and e.reason == EndReason.PAUSED]
-        ids = [e.id for e in events if e.kind == EventKind.REQUESTED]
-        assert ids == sorted(ids) and len(set(ids)) == 4
         times = [e.time_us for e in events]
         assert times == sorted(times)
-        assert driver.result(foreground)[0].shape == (1, 8)
+
+
+def test_a_future_gives_the_outputs_and_cancel_stops_running_work() -> None:
+    with driver(devices=[{"channels": 1}]) as d:
+        model = d.load_timed_model()
+        running = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 2_000))
+        queued = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 1))
+        while d.device_state(0).running[0] != running.work_id and not running.done():
+            d.run_until_idle(max_us=1000)
+        assert queued.cancel() and running.cancel()
+        done = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 1))
+        assert done.result(timeout=60)[0].shape[1] == CHAIN_WIDTH
+        d.run_until_idle()
+        events = d.take_events()
+        assert [k for k, _ in lifecycle(events, queued.work_id)] == ["REQUESTED", "ENDED"]
+        assert ended(events, running.work_id) == EndReason.CANCELLED_USER
+        assert running.cancelled() and queued.cancelled()
+        # the runtime stopped the long inference: the next one ran on the only channel
+        assert ended(events, done.work_id) == EndReason.COMPLETED
+
+
+def test_a_runtime_error_ends_the_work_failed() -> None:
+    with driver() as d:
+        model = d.load_timed_model()
+        session = d.model_info(model)
+
+        def broken(feeds: Any, call: Any) -> Any:
+            raise RuntimeError("device lost")
+
+        session.run = broken  # type: ignore[method-assign]
+        future = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 1))
+        with pytest.raises(ExecutionError, match="device lost"):
+            future.result(timeout=60)
+        d.run_until_idle()
+        assert ended(d.take_events(), future.work_id) == EndReason.FAILED
 
 
 def test_cancel_and_unload_end_queued_work_and_it_never_runs() -> None:
-    with virtual(devices=[{"channels": 1}]) as driver:
-        model = driver.load_model(0, model=linear_model())
-        running = driver.submit(model, uid=10)
-        cancelled = driver.submit(model, uid=10)
-        revoked = driver.submit(model, uid=10)
-        driver.cancel(cancelled)
-        driver.unload_model(model)
-        driver.run_until_idle()
-        events = driver.take_events()
+    with driver(devices=[{"channels": 1}]) as d:
+        model = d.load_timed_model()
+        inputs = d.timed_inputs(model, 1)
+        running = d.submit(model, uid=10, inputs=d.timed_inputs(model, 2_000))
+        cancelled = d.submit(model, uid=10, inputs=inputs)
+        revoked = d.submit(model, uid=10, inputs=inputs)
+        d.cancel(cancelled)
+        d.unload_model(model)
+        d.run_until_idle()
+        events = d.take_events()
         assert ended(events, cancelled) == EndReason.CANCELLED_USER
         assert ended(events, revoked) == EndReason.CANCELLED_SYSTEM
         assert ended(events, running) == EndReason.CANCELLED_SYSTEM
-        for work in (running, cancelled, revoked):
-            with pytest.raises(LookupError):
-                driver.result(work)
+        assert [k for k, _ in lifecycle(events, revoked)] == ["REQUESTED", "ENDED"]
+        assert d.device_state(0).weight_memory_used_bytes == 0
 
 
-def test_bind_gives_a_placeholder_its_model() -> None:
-    with virtual() as driver:
-        handle = driver.load_model(0, weight_bytes=160)
-        cost = driver.bind(handle, linear_model())
-        assert cost == driver.cost_cycles(handle)
-        work = driver.submit(model=handle, uid=10)
-        driver.run_until_idle()
-        assert driver.result(work)[0].shape == (1, 8)
-        small = driver.load_model(0, weight_bytes=100)
-        with pytest.raises(IllegalArgumentError):
-            driver.bind(small, linear_model())
+def test_background_work_is_marked_efficient_where_the_provider_takes_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with driver() as d, caplog.at_level(logging.INFO):
+        d.set_scheduling_configs([SchedulingConfig(uid=10, app_priority=1000)])
+        handle = d.load_model(0, model=linear_model(), uid=10)
+        session = d.model_info(handle)
+        assert session.background is True  # type: ignore[attr-defined]
+        d.set_scheduling_configs([SchedulingConfig(uid=10, app_priority=100)])
+        assert session.background is False  # type: ignore[attr-defined]
+    assert caplog.text.count("ep.dynamic.workload_type") <= 1
 
 
-def test_real_clock_runs_inferences_on_the_wall_clock() -> None:
-    with OnnxRuntimeDriver() as driver:
-        model = driver.load_model(0, model=linear_model())
-        works = [driver.submit(model, uid=10) for _ in range(5)]
-        driver.run_until_idle(max_us=5_000_000)
-        events = driver.take_events()
-        assert [ended(events, w) for w in works] == [EndReason.COMPLETED] * 5
-        assert all(driver.result(w)[0].shape == (1, 8) for w in works)
-        with pytest.raises(IllegalArgumentError):
-            driver.advance(10)
+def test_the_last_band_leaves_a_channel_free_for_more_important_work() -> None:
+    with driver(devices=[{"channels": 2}]) as d:
+        d.set_scheduling_configs(
+            [
+                SchedulingConfig(uid=10, app_priority=1000),
+                SchedulingConfig(uid=20, app_priority=100),
+            ]
+        )
+        model = d.load_timed_model()
+        background = [d.submit(model, uid=10, inputs=d.timed_inputs(model, 100)) for _ in range(3)]
+        foreground = d.submit(model, uid=20, inputs=d.timed_inputs(model, 1))
+        d.run_until_idle()
+        events = d.take_events()
+        running, most = 0, 0
+        for event in events:
+            if event.uid == 10 and event.kind == EventKind.STARTED:
+                running += 1
+            elif event.uid == 10 and event.kind == EventKind.ENDED:
+                running -= 1
+            most = max(most, running)
+        assert most == 1, "background (here cached, 400) takes at most channels - reserved"
+        assert [ended(events, w) for w in [*background, foreground]] == [EndReason.COMPLETED] * 4
+        first_bg_end = next(
+            i for i, e in enumerate(events) if e.uid == 10 and e.kind == EventKind.ENDED
+        )
+        fg_start = next(
+            i for i, e in enumerate(events) if e.id == foreground and e.kind == EventKind.STARTED
+        )
+        assert fg_start < first_bg_end, "the foreground inference took the free channel"
+
+
+def test_with_no_reserve_the_last_band_takes_every_channel() -> None:
+    with driver(devices=[{"channels": 2}], reserved_channels=0) as d:
+        d.set_scheduling_configs([SchedulingConfig(uid=10, app_priority=1000)])
+        model = d.load_timed_model()
+        works = [d.submit(model, uid=10, inputs=d.timed_inputs(model, 50)) for _ in range(2)]
+        d.run_until_idle()
+        kinds = [(e.kind, e.id) for e in d.take_events() if e.kind != EventKind.REQUESTED]
+        assert kinds[:2] == [(EventKind.STARTED, works[0]), (EventKind.STARTED, works[1])]
+
+
+def test_run_inference_runs_on_the_calling_thread_when_a_channel_is_free() -> None:
+    import threading
+
+    with driver(devices=[{"channels": 1}]) as d:
+        model = d.load_timed_model()
+        session = d.model_info(model)
+        real, threads = session.run, []
+
+        def recording(feeds: Any, call: Any) -> Any:
+            threads.append(threading.current_thread())
+            return real(feeds, call)
+
+        session.run = recording  # type: ignore[method-assign]
+        outputs = d.run_inference(model, uid=1, inputs=d.timed_inputs(model, 1))
+        assert outputs[0].shape[1] == CHAIN_WIDTH
+        assert threads == [threading.current_thread()]
+        busy = d.submit_future(model, uid=1, inputs=d.timed_inputs(model, 100))
+        while d.device_state(0).running[0] != busy.work_id and not busy.done():
+            d.run_until_idle(max_us=1000)
+        d.run_inference(model, uid=1, inputs=d.timed_inputs(model, 1))
+        assert threads[-1] is not threading.current_thread()  # queued: a worker ran it
+        d.run_until_idle()
+        events = d.take_events()
+        assert [e.kind for e in events if e.id == 1] == [
+            EventKind.REQUESTED,
+            EventKind.STARTED,
+            EventKind.ENDED,
+        ]
+
+
+def test_run_inference_on_the_calling_thread_times_out_and_is_cancelled() -> None:
+    with driver() as d:
+        model = d.load_timed_model()
+        with pytest.raises(TimeoutError):
+            d.run_inference(model, uid=1, inputs=d.timed_inputs(model, 2_000), timeout=0.02)
+        d.run_until_idle()
+        assert ended(d.take_events(), 1) == EndReason.CANCELLED_USER

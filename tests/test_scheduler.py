@@ -138,3 +138,23 @@ def test_a_free_channel_takes_the_least_served_uid_and_the_victim_is_returned() 
     sched.stop(first, 100, requeue=True)
     assert sched.pick(100) is third
     assert sched.depth == 2
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.sampled_from([Scheduler.FAIR, Scheduler.STRICT]),
+    st.lists(st.tuples(st.integers(1, 3), st.integers(0, 1200)), min_size=1, max_size=12),
+)
+def test_peek_names_the_job_pick_takes_and_takes_nothing(
+    scheduler: Scheduler, jobs: list[tuple[int, int]]
+) -> None:
+    sched: DeviceScheduler[Job] = DeviceScheduler(DeviceSpec(channels=1, scheduler=scheduler))
+    for n, (uid, priority) in enumerate(jobs, start=1):
+        sched.enqueue(Job(id=n, uid=uid, effective_priority=priority), n)
+    t = len(jobs) + 1
+    while sched.depth:
+        depth = sched.depth
+        seen = sched.peek(t)
+        assert sched.depth == depth
+        assert sched.pick(t) is seen
+    assert sched.peek(t) is None

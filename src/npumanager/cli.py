@@ -24,6 +24,7 @@ from npumanager.daemon.commands import register as register_daemon_commands
 from npumanager.errors import NpuManagerError, PluginWarning
 from npumanager.health_commands import add_health
 from npumanager.schemas import SCHEMA_MODELS, DriverRecord
+from npumanager.schemas.limits import REAL_DEMO_SECONDS
 from npumanager.simulation import commands as simulation_commands
 from npumanager.tables import format_table
 
@@ -255,6 +256,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--scenario", type=Path, metavar="FILE", help="a scenario file (default: the shipped demo)"
+    )
+    demo.add_argument(
+        "--real",
+        action="store_true",
+        help="run the camera and background apps as real models on a real driver, wall clock",
+    )
+    demo.add_argument(
+        "--seconds",
+        type=float,
+        default=REAL_DEMO_SECONDS,
+        help=f"with --real: wall-clock seconds per run (default {REAL_DEMO_SECONDS:g})",
     )
     simulation_commands.add_play_arguments(demo)
     simulate = add(

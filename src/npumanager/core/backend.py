@@ -18,10 +18,12 @@ from npumanager.core.callbacks import ModelLoadRequestCallback, takes_reason
 from npumanager.core.client import LoadedModel, NpuManager
 from npumanager.core.decisions import Decisions
 from npumanager.core.dispatch import DeliveryStats, ExecutorLike, SerialQueue
+from npumanager.core.driver import RealExecution, WorkHandle
 from npumanager.core.requests import RequestRecord
 from npumanager.errors import (
     FeatureNotDeclaredError,
     FeatureWarning,
+    IllegalArgumentError,
     NpuPermissionError,
     RequestStateError,
     UnknownModelError,
@@ -155,15 +157,9 @@ class LocalBackend:
         self, manager: NpuManager, request: ModelLoadRequest, weight_bytes: int, sram_bytes: int
     ) -> LoadedModel:
         """Load a granted request's model on its device, within what its grant allows."""
-        d, key = self._d, RequestKey(manager.client, request.id)
+        d = self._d
         with d.lock:
-            record = d.requests.live(key, request)
-            state = d.arbiter.state_of(manager.client, request.id)
-            if state not in _LOADABLE:
-                raise RequestStateError(
-                    f"request {request.id} is {state}; a model may be loaded only after "
-                    "CAN_LOAD_NOW"
-                )
+            record = self._granted(manager, request)
             declared = d.arbiter.declared_bytes(manager.client, request.id)
             d.requests.check_allowance(record, declared, weight_bytes)
             device = record.device or 0
@@ -172,6 +168,108 @@ class LocalBackend:
             record.models.append(model)
             d.telemetry.health_changed()
             return model
+
+    def load_real_model(
+        self,
+        manager: NpuManager,
+        request: ModelLoadRequest,
+        model: Any,
+        path: Any,
+        sram_bytes: int,
+    ) -> LoadedModel:
+        """Open a granted request's real model on its device; its bytes are counted from the
+        model, and a model over what the grant allows is unloaded again."""
+        d = self._d
+        with d.lock:
+            record = self._granted(manager, request)
+            driver = self._real_driver()
+            device = record.device or 0
+            handle = driver.load_model(
+                device, model=model, path=path, sram_bytes=sram_bytes, uid=manager.uid
+            )
+            weight = driver.model_bytes(handle)
+            try:
+                declared = d.arbiter.declared_bytes(manager.client, request.id)
+                d.requests.check_allowance(record, declared, weight)
+            except Exception:
+                d.driver.unload_model(handle)
+                raise
+            loaded = LoadedModel(manager, request, handle, device, weight_bytes=weight)
+            record.models.append(loaded)
+            d.telemetry.health_changed()
+            return loaded
+
+    def submit_inference(
+        self,
+        model: LoadedModel,
+        inputs: Mapping[str, Any],
+        job_priority: int,
+        original_uid: int | None,
+        group_id: GroupId | None,
+        feature_id: str | None,
+        *,
+        inline: bool = False,
+    ) -> WorkHandle:
+        """Run one real inference on a loaded model; a future of its outputs."""
+        d, manager = self._d, model.manager
+        with d.lock:
+            self._check_attribution(manager, original_uid)
+            d.requests.check_model(model)
+            future = self._real_driver().submit_future(
+                model.handle,
+                uid=manager.uid,
+                inputs=inputs,
+                job_priority=job_priority,
+                original_uid=original_uid,
+                group_id=group_id,
+                feature_id=feature_id,
+                debug_pid=manager.pid or 0,
+                inline=inline,
+            )
+            d.requests.work_submitted(future.work_id, model)
+            return future
+
+    def run_inference(
+        self,
+        model: LoadedModel,
+        inputs: Mapping[str, Any],
+        job_priority: int,
+        timeout: float | None,
+    ) -> list[Any]:
+        """Run one real inference and return its outputs: on the calling thread when a
+        channel is free and nothing waits, outside the service lock."""
+        handle = self.submit_inference(model, inputs, job_priority, None, None, None, inline=True)
+        return self._real_driver().outputs(handle, timeout)
+
+    def _granted(self, manager: NpuManager, request: ModelLoadRequest) -> RequestRecord:
+        """The record of a live request that may load models now (service lock held)."""
+        d = self._d
+        record = d.requests.live(RequestKey(manager.client, request.id), request)
+        state = d.arbiter.state_of(manager.client, request.id)
+        if state not in _LOADABLE:
+            raise RequestStateError(
+                f"request {request.id} is {state}; a model may be loaded only after CAN_LOAD_NOW"
+            )
+        return record
+
+    def _real_driver(self) -> RealExecution:
+        driver = self._d.driver
+        if not isinstance(driver, RealExecution):
+            raise IllegalArgumentError(
+                f"driver {type(driver).__name__} runs no real models: load with weight_bytes= "
+                "and submit cost_cycles, or use a real driver (onnxruntime, openvino)"
+            )
+        return driver
+
+    def _check_attribution(self, manager: NpuManager, original_uid: int | None) -> None:
+        if (
+            original_uid is not None
+            and original_uid != manager.uid
+            and not self._d.arbiter.scheduling_config(manager.uid).can_attribute_other_uid
+        ):
+            raise NpuPermissionError(
+                f"uid {manager.uid} may not attribute work to uid {original_uid}"
+            )
 
     def submit_work(
         self,
@@ -185,14 +283,7 @@ class LocalBackend:
         """Run one job on a loaded model (attributed to another uid only with permission)."""
         d, manager = self._d, model.manager
         with d.lock:
-            if (
-                original_uid is not None
-                and original_uid != manager.uid
-                and not d.arbiter.scheduling_config(manager.uid).can_attribute_other_uid
-            ):
-                raise NpuPermissionError(
-                    f"uid {manager.uid} may not attribute work to uid {original_uid}"
-                )
+            self._check_attribution(manager, original_uid)
             d.requests.check_model(model)
             work_id = d.driver.submit(
                 model.handle,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from npumanager.checks import GroupId
 from npumanager.core.callbacks import (
@@ -21,6 +21,7 @@ from npumanager.core.callbacks import (
     takes_reason,
 )
 from npumanager.core.dispatch import ExecutorLike, SerialQueue, Task, check_executor
+from npumanager.core.driver import WorkHandle
 from npumanager.core.lease import AsyncLease, Lease, LeaseEndedError, TimeSource
 from npumanager.schemas import (
     ModelLoadRequest,
@@ -154,6 +155,44 @@ class Backend(TimeSource, Protocol):
         """Cancel live work that this model submitted."""
 
 
+class InProcessBackend(Protocol):
+    """What real inference needs of a backend: only the in-process one (`LocalBackend`)."""
+
+    def load_real_model(
+        self, manager: NpuManager, request: ModelLoadRequest, model: Any, path: Any, sram: int
+    ) -> LoadedModel:
+        """Open a granted request's real model; its bytes are counted from it."""
+
+    def submit_inference(
+        self,
+        model: LoadedModel,
+        inputs: Mapping[str, Any],
+        job_priority: int,
+        original_uid: int | None,
+        group_id: GroupId | None,
+        feature_id: str | None,
+    ) -> WorkHandle:
+        """Run one real inference; a future of its outputs."""
+
+    def run_inference(
+        self,
+        model: LoadedModel,
+        inputs: Mapping[str, Any],
+        job_priority: int,
+        timeout: float | None,
+    ) -> list[Any]:
+        """Run one real inference and return its outputs."""
+
+
+def _in_process(backend: Backend) -> InProcessBackend:
+    if not hasattr(backend, "submit_inference"):
+        raise NotImplementedError(
+            "real inference runs in process (a Service's managers); through the daemon, "
+            "load with weight_bytes= and submit cost_cycles"
+        )
+    return backend  # type: ignore[return-value]
+
+
 class NpuManager:
     """One client of the service, bound to a uid (and a pid, for the record)."""
 
@@ -217,10 +256,26 @@ class NpuManager:
         self.uses_feature = True
 
     def load_model(
-        self, request: ModelLoadRequest, *, weight_bytes: int, sram_bytes: int = 0
+        self,
+        request: ModelLoadRequest,
+        *,
+        weight_bytes: int | None = None,
+        sram_bytes: int = 0,
+        model: Any = None,
+        path: Any = None,
     ) -> LoadedModel:
-        """Put a granted request's model into driver memory, on the device it was given."""
-        return self._service.load_model(self, request, weight_bytes, sram_bytes)
+        """Put a granted request's model into driver memory, on the device it was given.
+
+        A real driver takes the model itself (`model=` bytes or the runtime's object, or
+        `path=`), its bytes counted from it (in process only); a simulated one, `weight_bytes`.
+        """
+        if model is None and path is None:
+            if weight_bytes is None:
+                raise TypeError("give weight_bytes= (simulated drivers) or model=/path=")
+            return self._service.load_model(self, request, weight_bytes, sram_bytes)
+        if weight_bytes is not None:
+            raise TypeError("weight_bytes= is counted from model=/path=; give one or the other")
+        return _in_process(self._service).load_real_model(self, request, model, path, sram_bytes)
 
     def reserve(
         self,
@@ -261,19 +316,62 @@ class LoadedModel:
         self.device = device
         self.weight_bytes = weight_bytes
 
+    @overload
     def submit(
         self,
-        cost_cycles: int,
+        work: int | None = None,
+        /,
+        *,
+        cost_cycles: int | None = None,
+        job_priority: int = 0,
+        original_uid: int | None = None,
+        group_id: GroupId | None = None,
+        feature_id: str | None = None,
+    ) -> int: ...
+
+    @overload
+    def submit(
+        self,
+        work: Mapping[str, Any],
+        /,
         *,
         job_priority: int = 0,
         original_uid: int | None = None,
         group_id: GroupId | None = None,
         feature_id: str | None = None,
-    ) -> int:
-        """Run one job of `cost_cycles` on the model; returns the work id."""
+    ) -> WorkHandle: ...
+
+    def submit(
+        self,
+        work: int | Mapping[str, Any] | None = None,
+        /,
+        *,
+        cost_cycles: int | None = None,
+        job_priority: int = 0,
+        original_uid: int | None = None,
+        group_id: GroupId | None = None,
+        feature_id: str | None = None,
+    ) -> int | WorkHandle:
+        """Run one job: real `inputs` (a mapping of name to array) give a future of the
+        outputs (in process, on a real driver); `cost_cycles` (simulated) give a work id."""
+        if isinstance(work, Mapping):
+            return _in_process(self.manager._service).submit_inference(
+                self, work, job_priority, original_uid, group_id, feature_id
+            )
+        cycles = work if cost_cycles is None else cost_cycles
+        if cycles is None or (work is not None and cost_cycles is not None):
+            raise TypeError("give inputs (a mapping) or cost_cycles, once")
         return self.manager._service.submit_work(
-            self, cost_cycles, job_priority, original_uid, group_id, feature_id
+            self, cycles, job_priority, original_uid, group_id, feature_id
         )
+
+    def run(
+        self, inputs: Mapping[str, Any], *, job_priority: int = 0, timeout: float | None = None
+    ) -> list[Any]:
+        """Run one real inference and return its outputs; after `timeout` seconds the work
+        is cancelled and `TimeoutError` raised."""
+        backend = _in_process(self.manager._service)
+        return backend.run_inference(self, inputs, job_priority, timeout)
 
     def cancel(self, work_id: int) -> None:
         """Cancel one of this model's jobs (it ends CANCELLED_USER)."""

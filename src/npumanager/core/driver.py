@@ -171,6 +171,82 @@ class RealClock(Protocol):
 
 
 @runtime_checkable
+class TimedWork(Protocol):
+    """The conformance hook of a real driver: real work of a rough duration.
+
+    The suite loads the driver's own model built in code with `load_timed_model` and
+    submits `inputs=timed_inputs(model, ms)` where a simulated driver takes
+    `cost_cycles`; one inference then runs for about `ms` on this machine.
+    """
+
+    def timed_model(self) -> bytes:
+        """The model built in code, serialized as the driver loads it (`model=`)."""
+
+    def load_timed_model(self, device: int = 0) -> int:
+        """Load the model built in code on `device` (its real bytes counted); its handle."""
+
+    def timed_inputs(self, model: int, ms: float) -> dict[str, Any]:
+        """Inputs that make one inference of the timed model take about `ms` here."""
+
+
+class WorkHandle(Protocol):
+    """One real inference in flight: a `concurrent.futures.Future` of its outputs with the
+    work id of its events; `cancel()` cancels the work, queued or running."""
+
+    work_id: int
+
+    def result(self, timeout: float | None = None) -> list[Any]:
+        """The outputs; raises if the work failed, was cancelled, or `timeout` passed."""
+
+    def cancel(self) -> bool:
+        """Cancel the work; True if it is cancelled."""
+
+    def done(self) -> bool:
+        """True once the work ended."""
+
+
+@runtime_checkable
+class RealExecution(Protocol):
+    """A driver that runs real models: loads them from bytes or a path, and returns a
+    future of each inference's outputs (whose `cancel()` cancels the work)."""
+
+    def load_model(
+        self,
+        device: int = 0,
+        *,
+        model: Any = None,
+        path: Any = None,
+        weight_bytes: int | None = None,
+        sram_bytes: int = 0,
+        uid: int | None = None,
+    ) -> int:
+        """Open and account a model (its bytes counted from it); its handle."""
+
+    def model_bytes(self, model: int) -> int:
+        """The weight bytes accounted for a loaded model."""
+
+    def submit_future(
+        self,
+        model: int,
+        *,
+        uid: int,
+        inputs: Mapping[str, Any] | None,
+        job_priority: int = MIN_PRIORITY,
+        original_uid: int | None = None,
+        group_id: GroupId | None = None,
+        feature_id: str | None = None,
+        debug_pid: int = 0,
+        inline: bool = False,
+    ) -> WorkHandle:
+        """Queue one inference; a future of its outputs (`inline`: `outputs` may run it on
+        the calling thread)."""
+
+    def outputs(self, handle: Any, timeout: float | None = None) -> list[Any]:
+        """The outputs of submitted work (run here if it was submitted `inline` and a
+        channel was free); after `timeout` seconds it is cancelled and `TimeoutError` raised."""
+
+
+@runtime_checkable
 class ThermalModel(Protocol):
     """Capability `thermal_model`: the device heats with work and throttles."""
 

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from npumanager.core.callbacks import ModelLoadRequestCallback, StatusListener
 from npumanager.core.dispatch import ExecutorLike, run_inline
@@ -72,7 +72,13 @@ class Holder(Protocol[Model_co]):
         """Withdraw the request."""
 
     def load_model(
-        self, request: ModelLoadRequest, *, weight_bytes: int, sram_bytes: int = 0
+        self,
+        request: ModelLoadRequest,
+        *,
+        weight_bytes: int | None = None,
+        sram_bytes: int = 0,
+        model: Any = None,
+        path: Any = None,
     ) -> Model_co:
         """Put the granted request's model into driver memory."""
 
@@ -161,15 +167,23 @@ class _LeaseBase(Generic[Model]):
         """How the request ended, once it has (e.g. COMPLETE after a revoke)."""
         return self._state.completion
 
-    def load_model(self, weight_bytes: int, *, sram_bytes: int = 0) -> Model:
-        """Load the model into driver memory and report it loaded."""
-        model = self.manager.load_model(
-            self.request, weight_bytes=weight_bytes, sram_bytes=sram_bytes
+    def load_model(
+        self,
+        weight_bytes: int | None = None,
+        *,
+        sram_bytes: int = 0,
+        model: Any = None,
+        path: Any = None,
+    ) -> Model:
+        """Load the model into driver memory and report it loaded: `weight_bytes` on a
+        simulated driver, the model itself (`model=` or `path=`) on a real one."""
+        loaded = self.manager.load_model(
+            self.request, weight_bytes=weight_bytes, sram_bytes=sram_bytes, model=model, path=path
         )
-        self.models.append(model)
+        self.models.append(loaded)
         if len(self.models) == 1:
             self.manager.listener.notify_model_loaded(self.request)
-        return model
+        return loaded
 
     def _start(self) -> None:
         self.manager.request_can_load_model(

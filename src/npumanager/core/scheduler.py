@@ -177,6 +177,13 @@ class DeviceScheduler(Generic[J]):
 
     # Decisions ----------------------------------------------------------------------
 
+    def peek(self, t: int) -> J | None:
+        """The job `pick(t)` would take, without taking it (a driver may hold it back)."""
+        if not self.queued:
+            return None
+        self._fold(t)
+        return self.heap[0][2] if not self.fair else self._ranked(1)[0]
+
     def pick(self, t: int) -> J | None:
         """Take the job that a free channel runs next at `t`, if any waits."""
         if not self.queued:

@@ -58,11 +58,9 @@ MAX_BURST: Final = 1 << 16
 MAX_HEAT_STEP_MC: Final = 10**9
 """The largest thermal spike (up or down) `add_heat` takes, in milli-degrees Celsius."""
 MAX_RUNTIME_DEVICES: Final = 1 << 10
-"""Devices a driver over a real runtime (`onnxruntime`) may open."""
+"""Devices a driver over a real runtime (`onnxruntime`, `openvino`) may open."""
 MAX_INTRA_OP_THREADS: Final = 256
-"""Threads one `onnxruntime` session may use inside an operator."""
-MAX_CALIBRATION_RUNS: Final = 100
-"""Timed runs the `onnxruntime` driver may make of a model at load to measure its cost."""
+"""Threads one real-runtime session may use inside an operator."""
 DEFAULT_RUN_UNTIL_IDLE_MS: Final = 60_000
 """How much virtual time `Service.run_until_idle` gives at most, unless told."""
 
@@ -210,6 +208,31 @@ MAX_BUDGET_VALUE: Final = INT32_MAX
 """The largest budget policy weight or total: what the platform's int fields carry."""
 BUDGET_SIZE_CLASSES: Final = 3
 """Weights the budget policy takes, one per size class (the HAL's three `ModelSize`s)."""
+REAL_DEFAULT_CHANNELS: Final = 2
+"""Execution channels (worker threads) a real-runtime device has unless told."""
+REAL_DEFAULT_CAPACITY_BYTES: Final = 1 << 30
+"""Weight memory of a real-runtime device that reports none and is given none."""
+REAL_MAX_RESULTS: Final = 1024
+"""Outputs a real-runtime driver keeps for `result` before the oldest are dropped."""
+REAL_NO_SLICE_US: Final = 1 << 40
+"""The slice of a real-runtime device: longer than any inference, so nothing is paused."""
+CHAIN_LAYERS: Final = 8
+"""Matrix multiplications in the timed model a real driver builds in code."""
+CHAIN_WIDTH: Final = 256
+"""Width of the timed model's square weight matrices."""
+TIMED_CALIBRATION_ROWS: Final = 64
+"""Rows the timed model is measured with at load to learn its cost per row."""
+MAX_TIMED_ROWS: Final = 1 << 20
+"""The most rows `timed_inputs` asks for, whatever the duration."""
+OPENVINO_DEVICES: Final = ("NPU", "GPU", "CPU", "AUTO")
+"""The devices the `openvino` driver may be opened on."""
+REAL_RESERVED_CHANNELS: Final = 1
+"""Channels of a real-runtime device that background work leaves free (it always gets one,
+and takes them when it is more important than all that runs): a foreground inference then
+starts at once instead of waiting for a background one."""
+REAL_DEMO_SECONDS: Final = 4.0
+"""How long each run of `npu-manager demo --real` lasts, in wall-clock seconds."""
+
 HEALTH_READ_INTERVAL_MS: Final = 1_000
 """How often a health source is read unless it asks otherwise (ivpu advises at most 1/s)."""
 MIN_HEALTH_READ_INTERVAL_MS: Final = 10

@@ -34,6 +34,7 @@ MODES = ("direct", "managed")
 ALWAYS_SHOWN = frozenset({"overcommit_events", "unload_requests"})
 """Rows shown even when every run has nothing there (others are left out then)."""
 PROGRESS_CHOICES = ("auto", "always", "never")
+DEFAULT_DRIVER = "vnpu"
 ROLE_PREFIXED = ("camera", "background", "assistant", "indexer")
 """Roles whose metrics (`camera_frames`, ...) are reported only when some app has the role."""
 
@@ -76,7 +77,9 @@ def add_play_arguments(parser: argparse.ArgumentParser) -> None:
     """The options demo and simulate share."""
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
-        "--driver", default="vnpu", help="the simulated driver to run on (default: vnpu)"
+        "--driver",
+        default=DEFAULT_DRIVER,
+        help="the driver to run on (default: vnpu; with demo --real, openvino or onnxruntime)",
     )
     parser.add_argument(
         "--trace",
@@ -118,7 +121,10 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def demo(ctx: Context, table: Table, default: Path) -> int:
-    """Play the demo scenario (or `--scenario FILE`) direct and managed."""
+    """Play the demo scenario (or `--scenario FILE`) direct and managed; `--real`: its
+    camera and background apps as real models on this machine."""
+    if getattr(ctx.args, "real", False):
+        return _play_real(ctx, table)
     scenario = load_scenario(ctx.args.scenario or default)
     return _play(ctx, table, scenario, MODES)
 
@@ -216,6 +222,34 @@ def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str]) 
         print(LMK_NOTE, file=ctx.out)
     for line in written:
         print(line, file=ctx.out)
+    return 0
+
+
+def _play_real(ctx: Context, table: Table) -> int:
+    from npumanager.simulation import real_demo
+
+    asked = None if ctx.args.driver == DEFAULT_DRIVER else ctx.args.driver
+    driver = real_demo.pick_driver(ctx.registry, asked)
+    seconds = ctx.args.seconds
+    metrics = {
+        "direct": real_demo.run_direct(ctx.registry, driver, seconds),
+        "managed": real_demo.run_managed(ctx.registry, driver, seconds),
+    }
+    if ctx.args.json:
+        json.dump(metrics, ctx.out, indent=2)
+        ctx.out.write("\n")
+        return 0
+    print(
+        f"demo --real: a camera (foreground, a frame every 33 ms) beside a background app "
+        f"(cached), real models on {driver}, {seconds:g} s of wall time per run\n",
+        file=ctx.out,
+    )
+    body = [
+        [label, *(_cell(key, metrics[mode][key]) for mode in MODES)]
+        for key, label in ROWS
+        if key in metrics["managed"]
+    ]
+    print(table(body, ["", *(mode.upper() for mode in MODES)]), file=ctx.out)
     return 0
 
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, TypeVar
 
 import pytest
 
+from npumanager.core.driver import TimedWork
 from npumanager.core.events import EventKind, WorkEvent
 from npumanager.errors import CapacityError, IllegalArgumentError
 from npumanager.schemas import (
@@ -205,10 +206,25 @@ class DriverSuite:
         """Cycles that take `ms` on a device at its nominal clock."""
         return max(1, int(driver.describe_devices()[device].clock_mhz * 1000 * ms))
 
+    @staticmethod
+    def model(driver: Driver, device: int = 0) -> int:
+        """A model to run work on: a real driver's timed model (`TimedWork`), else 1 KiB."""
+        if isinstance(driver, TimedWork):
+            handle: int = driver.load_timed_model(device)
+            return handle
+        loaded: int = driver.load_model(device, weight_bytes=1 << 10)
+        return loaded
+
+    def work(self, driver: Driver, model: int, ms: float) -> dict[str, Any]:
+        """`submit` arguments for about `ms` of work: real inputs or cycles."""
+        if isinstance(driver, TimedWork):
+            return {"inputs": driver.timed_inputs(model, ms)}
+        return {"cost_cycles": self.cycles(driver, ms)}
+
     def one_inference(self, driver: Driver, *, uid: int, job_priority: int = 0) -> int:
-        model = driver.load_model(0, weight_bytes=1 << 10)
+        model = self.model(driver)
         work: int = driver.submit(
-            model, uid=uid, cost_cycles=self.cycles(driver, 2), job_priority=job_priority
+            model, uid=uid, **self.work(driver, model, 2), job_priority=job_priority
         )
         self.settle(driver)
         return work
@@ -388,10 +404,10 @@ class DriverSuite:
         # channels must let the later job run.
         driver = make([ONE_CHANNEL]) if preemption else make()
         driver.set_scheduling_configs([SchedulingConfig(uid=10, app_priority=100)])
-        model = driver.load_model(0, weight_bytes=1 << 10)
-        slow = driver.submit(model, uid=10, cost_cycles=self.cycles(driver, 300), job_priority=500)
+        model = self.model(driver)
+        slow = driver.submit(model, uid=10, **self.work(driver, model, 300), job_priority=500)
         self.wait_ms(driver, 50)
-        fast = driver.submit(model, uid=10, cost_cycles=self.cycles(driver, 20), job_priority=250)
+        fast = driver.submit(model, uid=10, **self.work(driver, model, 20), job_priority=250)
         self.settle(driver)
         events = driver.take_events()
         order = completion_order(events)
@@ -422,10 +438,10 @@ class DriverSuite:
                 SchedulingConfig(uid=30, app_priority=100),
             ]
         )
-        model = driver.load_model(0, weight_bytes=1 << 10)
-        cost = self.cycles(driver, 1)
-        denied = driver.submit(model, uid=10, original_uid=30, cost_cycles=cost)
-        allowed = driver.submit(model, uid=20, original_uid=30, cost_cycles=cost)
+        model = self.model(driver)
+        cost = self.work(driver, model, 1)
+        denied = driver.submit(model, uid=10, original_uid=30, **cost)
+        allowed = driver.submit(model, uid=20, original_uid=30, **cost)
         self.settle(driver)
         events = driver.take_events()
         assert lifecycle(events, denied) == [("REQUESTED", ""), ("ENDED", "FAILED")], (
@@ -450,10 +466,10 @@ class DriverSuite:
         assert driver.debounce_duration_ms == 50, (
             "Debounce: set_callback's default debounce_duration_ms must be 50"
         )
-        model = driver.load_model(0, weight_bytes=1 << 10)
-        works = [driver.submit(model, uid=5, cost_cycles=self.cycles(driver, 40))]
+        model = self.model(driver)
+        works = [driver.submit(model, uid=5, **self.work(driver, model, 40))]
         self.wait_ms(driver, 5)
-        works += [driver.submit(model, uid=5, cost_cycles=self.cycles(driver, 2)) for _ in "ab"]
+        works += [driver.submit(model, uid=5, **self.work(driver, model, 2)) for _ in "ab"]
         if self.virtual:
             driver.advance(50 * MS)
             early = [name for name, _, _ in recorder.calls]
@@ -470,7 +486,7 @@ class DriverSuite:
         assert recorder.calls[0][1].id == works[0], (
             "Debounce: the Requested sent must be the first work's"
         )
-        driver.submit(model, uid=6, cost_cycles=self.cycles(driver, 2))
+        driver.submit(model, uid=6, **self.work(driver, model, 2))
         self.settle(driver)
         assert [name for name, _, _ in recorder.calls][3:] == ["requested", "started", "ended"], (
             "Debounce: the window is per uid; another uid's work must be reported"
@@ -481,8 +497,8 @@ class DriverSuite:
         recorder = Recorder()
         driver.set_callback(recorder, debounce_duration_ms=0)
         assert driver.debounce_duration_ms == 0, "Debounce: a window of 0 must be held"
-        model = driver.load_model(0, weight_bytes=1 << 10)
-        works = [driver.submit(model, uid=5, cost_cycles=self.cycles(driver, 2)) for _ in range(3)]
+        model = self.model(driver)
+        works = [driver.submit(model, uid=5, **self.work(driver, model, 2)) for _ in range(3)]
         self.settle(driver)
         for work in works:
             assert [c for c, _ in recorder.of(work)] == ["requested", "started", "ended"], (
@@ -497,8 +513,8 @@ class DriverSuite:
 
     def test_ConcurrentSubmittersIdOrder(self, make: Callable[..., Driver]) -> None:
         driver = make()
-        model = driver.load_model(0, weight_bytes=1 << 10)
-        cost = self.cycles(driver, 0.05)
+        model = self.model(driver)
+        cost = self.work(driver, model, 0.05)
         lock = threading.Lock()
         returned: list[int] = []
         errors: list[BaseException] = []
@@ -507,12 +523,12 @@ class DriverSuite:
             try:
                 for _ in range(25):
                     if self.thread_safe:
-                        work = driver.submit(model, uid=uid, cost_cycles=cost)
+                        work = driver.submit(model, uid=uid, **cost)
                         with lock:
                             returned.append(work)
                     else:
                         with lock:  # serialized submits from several uids
-                            returned.append(driver.submit(model, uid=uid, cost_cycles=cost))
+                            returned.append(driver.submit(model, uid=uid, **cost))
             except BaseException as exc:  # pragma: no cover - reported below
                 errors.append(exc)
 
@@ -562,10 +578,10 @@ class DriverSuite:
 
     def test_CancelSemantics(self, make: Callable[..., Driver]) -> None:
         driver = make([ONE_CHANNEL])
-        model = driver.load_model(0, weight_bytes=1 << 10)
-        running = driver.submit(model, uid=1, cost_cycles=self.cycles(driver, 500))
-        queued = driver.submit(model, uid=1, cost_cycles=self.cycles(driver, 1))
-        third = driver.submit(model, uid=1, cost_cycles=self.cycles(driver, 1))
+        model = self.model(driver)
+        running = driver.submit(model, uid=1, **self.work(driver, model, 500))
+        queued = driver.submit(model, uid=1, **self.work(driver, model, 1))
+        third = driver.submit(model, uid=1, **self.work(driver, model, 1))
         self.wait_ms(driver, 20)
         driver.cancel(queued)
         driver.cancel(running)
@@ -595,10 +611,10 @@ class DriverSuite:
         driver.set_scheduling_configs(
             [SchedulingConfig(uid=uid, app_priority=100) for uid in (10, 11)]
         )
-        model = driver.load_model(0, weight_bytes=1 << 10)
-        cost = self.cycles(driver, 10)
-        first = [driver.submit(model, uid=10, cost_cycles=cost) for _ in range(4)]
-        second = [driver.submit(model, uid=11, cost_cycles=cost) for _ in range(4)]
+        model = self.model(driver)
+        cost = self.work(driver, model, 10)
+        first = [driver.submit(model, uid=10, **cost) for _ in range(4)]
+        second = [driver.submit(model, uid=11, **cost) for _ in range(4)]
         self.settle(driver)
         order = completion_order(driver.take_events())
         for works in (first, second):
@@ -623,11 +639,9 @@ class DriverSuite:
         driver.set_scheduling_configs(
             [SchedulingConfig(uid=20, app_priority=100), SchedulingConfig(uid=21, app_priority=400)]
         )
-        model = driver.load_model(0, weight_bytes=1 << 10)
-        busy = [
-            driver.submit(model, uid=20, cost_cycles=self.cycles(driver, 10)) for _ in range(20)
-        ]
-        low = driver.submit(model, uid=21, cost_cycles=self.cycles(driver, 5))
+        model = self.model(driver)
+        busy = [driver.submit(model, uid=20, **self.work(driver, model, 10)) for _ in range(20)]
+        low = driver.submit(model, uid=21, **self.work(driver, model, 5))
         self.settle(driver)
         order = completion_order(driver.take_events())
         assert order.index(low) < order.index(busy[-1]), (
@@ -638,13 +652,11 @@ class DriverSuite:
     @requires(DriverCapability.PREEMPTION)
     def test_PausedResumedPairing(self, make: Callable[..., Driver]) -> None:
         driver = make([ONE_CHANNEL])
-        model = driver.load_model(0, weight_bytes=1 << 10)
+        model = self.model(driver)
         works = []
         for priority in (900, 600, 300, 0):
             works.append(
-                driver.submit(
-                    model, uid=1, cost_cycles=self.cycles(driver, 30), job_priority=priority
-                )
+                driver.submit(model, uid=1, **self.work(driver, model, 30), job_priority=priority)
             )
             self.wait_ms(driver, 10)
         self.settle(driver)
@@ -672,8 +684,8 @@ class DriverSuite:
         assert numbers == list(range(count)), (
             f"DeviceNumbering: devices must be numbered from 0; got {numbers}"
         )
-        models = [driver.load_model(n, weight_bytes=1 << 10) for n in range(count)]
-        works = [driver.submit(m, uid=1, cost_cycles=self.cycles(driver, 1)) for m in models]
+        models = [self.model(driver, n) for n in range(count)]
+        works = [driver.submit(m, uid=1, **self.work(driver, m, 1)) for m in models]
         self.settle(driver)
         events = driver.take_events()
         where = {e.id: e.device_number for e in events}

@@ -1,4 +1,4 @@
-"""The `onnxruntime` driver: real ONNX models in CPU `InferenceSession`s (extra `onnxruntime`).
+"""The `onnxruntime` driver: ONNX models run for real in `InferenceSession`s (extra `onnxruntime`).
 
 This module imports neither `onnxruntime` nor `onnx`. The registration hook only checks
 that both can be found; when they cannot, it registers nothing and logs (at info level:
@@ -18,11 +18,13 @@ from npumanager.schemas import DriverCapability, DriverRecord
 
 log = logging.getLogger(__name__)
 
-CAPABILITIES = frozenset({DriverCapability.REAL_TIME, DriverCapability.MULTI_DEVICE})
-"""What the driver claims: real time on the wall clock and several devices. No PREEMPTION
-(an inference is never paused), no THERMAL_MODEL, and no VIRTUAL_TIME: its virtual clock
-(`clock="virtual"`, for deterministic tests) does not preempt, so it cannot match the
-reference device event for event."""
+CAPABILITIES = frozenset(
+    {DriverCapability.REAL_TIME, DriverCapability.MULTI_DEVICE, DriverCapability.FAIR_SHARE}
+)
+"""What the driver claims: real execution on the monotonic clock, several devices, and fair
+share between uids at dispatch (bands, virtual runtime, floor). No PREEMPTION (a running
+inference is never paused: a more important job takes the next free channel), no
+THERMAL_MODEL, no VIRTUAL_TIME."""
 
 EXTRA_HINT = "pip install 'npu-manager[onnxruntime]'"
 
@@ -58,7 +60,7 @@ def npumanager_register_drivers() -> Iterable[DriverRecord]:
             name="onnxruntime",
             factory=_factory,
             capabilities=CAPABILITIES,
-            description="ONNX models in CPU onnxruntime sessions, scheduled by priority",
+            description="ONNX models run for real in onnxruntime sessions, fair-scheduled",
         )
     ]
 

@@ -1,0 +1,269 @@
+"""Real inference on this machine: a foreground app beside a background app, managed and direct.
+
+For each real driver installed (`onnxruntime`, `openvino`), in one run, with a model built
+in code (a chain of matrix multiplications sized to about `--ms` per inference here):
+
+* solo: the foreground app alone, through npu-manager (a `Service`, `LoadedModel.run`),
+  one inference every 16.7 ms; `fg_solo_p50_ms` / `fg_solo_p99_ms` submit to outputs.
+* managed: the same beside a background app that keeps the device busy (cached
+  importance: a background band); `fg_managed_p99_ms`, `bg_managed_per_s`.
+* direct: no manager: the foreground thread and `--bg-threads` background threads call
+  the runtime themselves, as before npu-manager; `fg_direct_p99_ms`, `bg_direct_per_s`.
+* overhead: on an idle device, `LoadedModel.run` against a bare runtime call of the same
+  session with one input row; `overhead_p50_us` is the difference of the medians.
+
+The figures come from the CPU of a shared machine; no NPU is claimed. Targets are printed
+beside them. Usage: python benchmarks/real_inference.py [--json] [--seconds S] [--ms MS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import npumanager as npu
+from npumanager.core.service import Service
+from npumanager.schemas.limits import CHAIN_WIDTH
+
+PERIOD_S = 1 / 60
+FOREGROUND, BACKGROUND = 10001, 10002
+BG_DEPTH = 4
+"""Inferences the managed background app keeps in flight."""
+
+
+def chain_bytes() -> bytes:
+    """The model built in code (the drivers' timed model)."""
+    from npumanager.vendor_drivers.realexec.chain import chain_model
+
+    return chain_model()
+
+
+def request(request_id: int) -> npu.ModelLoadRequest:
+    return (
+        npu.ModelLoadRequest.Builder(request_id).set_size(npu.NPU_MODEL_SIZE_LESS_THAN_1GB).build()
+    )
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def foreground(run: Callable[[], Any], seconds: float) -> list[float]:
+    """Submit-to-outputs latencies (ms) of one inference every 16.7 ms."""
+    latencies: list[float] = []
+    next_at = time.perf_counter()
+    end = next_at + seconds
+    while next_at < end:
+        time.sleep(max(0.0, next_at - time.perf_counter()))
+        start = time.perf_counter()
+        run()
+        latencies.append((time.perf_counter() - start) * 1000)
+        next_at += PERIOD_S
+    return latencies
+
+
+def rows_for(driver_name: str, ms: float) -> int:
+    """Input rows for about `ms` per inference, measured by the driver's timed model."""
+    with Service(driver_name, "status_quo") as svc:
+        driver: Any = svc.driver
+        model = driver.load_timed_model()
+        return int(driver.timed_inputs(model, ms)["x"].shape[0])
+
+
+def managed(driver_name: str, rows: int, seconds: float, background: bool) -> dict[str, Any]:
+    """The foreground app (and the background one) through a `Service`."""
+    svc = Service(driver_name, "status_quo")
+    svc.set_uid_importance(FOREGROUND, npu.IMPORTANCE_FOREGROUND)
+    svc.set_uid_importance(BACKGROUND, npu.IMPORTANCE_CACHED)
+    feeds = {"x": np.full((rows, CHAIN_WIDTH), 0.5, np.float32)}
+    stop = threading.Event()
+    done = [0]
+    try:
+        fg_app = svc.manager(FOREGROUND, uses_feature=True)
+        bg_app = svc.manager(BACKGROUND, uses_feature=True)
+        with (
+            fg_app.reserve(request(1), timeout_s=30) as fg_lease,
+            bg_app.reserve(request(2), timeout_s=30) as bg_lease,
+        ):
+            fg = fg_lease.load_model(model=chain_bytes())
+            bg = bg_lease.load_model(model=chain_bytes())
+            fg.run(feeds)  # warm-up
+
+            def flood() -> None:
+                pending = [bg.submit(feeds) for _ in range(BG_DEPTH)]
+                while not stop.is_set():
+                    pending.pop(0).result()
+                    done[0] += 1
+                    pending.append(bg.submit(feeds))
+                for handle in pending:
+                    handle.cancel()
+
+            flooder = threading.Thread(target=flood, daemon=True)
+            if background:
+                flooder.start()
+            time.sleep(0.2 if background else 0)
+            start_count, start = done[0], time.perf_counter()
+            latencies = foreground(lambda: fg.run(feeds), seconds)
+            rate = (done[0] - start_count) / (time.perf_counter() - start)
+            stop.set()
+            if background:
+                flooder.join()
+            overhead = None if background else overhead_us(fg, svc)
+    finally:
+        svc.close()
+    return {"latencies": latencies, "bg_per_s": rate, "overhead_us": overhead}
+
+
+def overhead_us(model: npu.LoadedModel, svc: Service) -> float:
+    """Median `LoadedModel.run` less the median bare call of the same session, one row."""
+    driver: Any = svc.driver
+    session = driver.model_info(model.handle)
+    small = {"x": np.full((1, CHAIN_WIDTH), 0.5, np.float32)}
+    from npumanager.vendor_drivers.realexec.session import Call
+
+    def timed(call: Callable[[], Any]) -> float:
+        times = []
+        for _ in range(400):
+            start = time.perf_counter_ns()
+            call()
+            times.append(time.perf_counter_ns() - start)
+        return statistics.median(times) / 1000
+
+    bare = timed(lambda: session.run(small, Call(False)))
+    through = timed(lambda: model.run(small))
+    bare = min(bare, timed(lambda: session.run(small, Call(False))))
+    return through - bare
+
+
+def direct_runner(driver_name: str) -> Callable[[], Callable[[dict[str, Any]], Any]]:
+    """A factory of bare runtime callers (one per thread), no npu-manager in between."""
+    data = chain_bytes()
+    if driver_name == "onnxruntime":
+        import onnxruntime as ort  # type: ignore[import-untyped,unused-ignore]
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+        return lambda: lambda feeds: session.run(None, feeds)
+    import openvino as ov  # type: ignore[import-untyped,unused-ignore]
+
+    core = ov.Core()
+    compiled = core.compile_model(
+        core.read_model(data), "CPU", {"INFERENCE_NUM_THREADS": 1, "PERFORMANCE_HINT": "LATENCY"}
+    )
+
+    def make() -> Callable[[dict[str, Any]], Any]:
+        req = compiled.create_infer_request()
+        return lambda feeds: req.infer(feeds)
+
+    return make
+
+
+def direct(driver_name: str, rows: int, seconds: float, bg_threads: int) -> dict[str, Any]:
+    """The two apps calling the runtime themselves."""
+    make = direct_runner(driver_name)
+    feeds = {"x": np.full((rows, CHAIN_WIDTH), 0.5, np.float32)}
+    stop = threading.Event()
+    counts = [0] * bg_threads
+
+    def loop(index: int) -> None:
+        call = make()
+        while not stop.is_set():
+            call(feeds)
+            counts[index] += 1
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(bg_threads)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    fg_call = make()
+    fg_call(feeds)
+    before, start = sum(counts), time.perf_counter()
+    latencies = foreground(lambda: fg_call(feeds), seconds)
+    rate = (sum(counts) - before) / (time.perf_counter() - start)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    return {"latencies": latencies, "bg_per_s": rate}
+
+
+def measure(driver_name: str, seconds: float, ms: float, bg_threads: int) -> dict[str, Any]:
+    rows = rows_for(driver_name, ms)
+    solo = managed(driver_name, rows, seconds, background=False)
+    shared = managed(driver_name, rows, seconds, background=True)
+    bare = direct(driver_name, rows, seconds, bg_threads)
+    out = {
+        "rows": rows,
+        "fg_solo_p50_ms": round(statistics.median(solo["latencies"]), 3),
+        "fg_solo_p99_ms": round(pct(solo["latencies"], 0.99), 3),
+        "fg_managed_p50_ms": round(statistics.median(shared["latencies"]), 3),
+        "fg_managed_p99_ms": round(pct(shared["latencies"], 0.99), 3),
+        "fg_direct_p50_ms": round(statistics.median(bare["latencies"]), 3),
+        "fg_direct_p99_ms": round(pct(bare["latencies"], 0.99), 3),
+        "bg_managed_per_s": round(shared["bg_per_s"], 1),
+        "bg_direct_per_s": round(bare["bg_per_s"], 1),
+        "overhead_p50_us": round(solo["overhead_us"], 1),
+        "fg_inferences": len(shared["latencies"]),
+    }
+    out["managed_over_solo_p99"] = round(out["fg_managed_p99_ms"] / out["fg_solo_p99_ms"], 2)
+    out["managed_over_direct_p99"] = round(out["fg_managed_p99_ms"] / out["fg_direct_p99_ms"], 2)
+    out["bg_managed_over_direct"] = round(
+        out["bg_managed_per_s"] / max(out["bg_direct_per_s"], 1e-9), 2
+    )
+    out["targets_met"] = {
+        "fg_managed_p99_ms <= 1.5 x fg_solo_p99_ms": out["managed_over_solo_p99"] <= 1.5,
+        "fg_managed_p99_ms < fg_direct_p99_ms": out["managed_over_direct_p99"] < 1.0,
+        "overhead_p50_us <= 50": out["overhead_p50_us"] <= 50,
+    }
+    return out
+
+
+TARGETS = {
+    "fg_managed_p99_ms": "<= 1.5 x fg_solo_p99_ms, below fg_direct_p99_ms",
+    "overhead_p50_us": "<= 50",
+}
+
+
+def table(name: str, result: dict[str, Any]) -> str:
+    lines = [f"driver {name} (CPU, {result['rows']} rows of {CHAIN_WIDTH})"]
+    for key, value in result.items():
+        if key in ("targets_met", "rows"):
+            continue
+        lines.append(f"  {key:26} {value!s:>10}  {TARGETS.get(key, '')}")
+    for target, met in result["targets_met"].items():
+        lines.append(f"  target {target:42} {'met' if met else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each phase")
+    parser.add_argument("--ms", type=float, default=3.0, help="rough duration of one inference")
+    parser.add_argument("--bg-threads", type=int, default=2, help="direct background threads")
+    parser.add_argument("--driver", action="append", help="only these drivers")
+    args = parser.parse_args()
+    names = args.driver or [
+        n
+        for n, mod in (("onnxruntime", "onnxruntime"), ("openvino", "openvino"))
+        if importlib.util.find_spec(mod) is not None
+    ]
+    results = {name: measure(name, args.seconds, args.ms, args.bg_threads) for name in names}
+    if args.json:
+        print(json.dumps(results))
+    else:
+        print("\n\n".join(table(name, result) for name, result in results.items()))
+
+
+if __name__ == "__main__":
+    main()

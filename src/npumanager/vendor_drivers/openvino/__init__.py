@@ -1,0 +1,67 @@
+"""The `openvino` driver: models run for real by OpenVINO on NPU, GPU or CPU (extra `openvino`).
+
+This module imports neither `openvino` nor `onnx`; without them it registers nothing and
+logs (at info level) which extra to install. The driver lives in
+`npumanager.vendor_drivers.openvino.driver`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from npumanager.core.hookspecs import hookimpl
+from npumanager.schemas import DriverCapability, DriverRecord
+
+log = logging.getLogger(__name__)
+
+CAPABILITIES = frozenset(
+    {DriverCapability.REAL_TIME, DriverCapability.MULTI_DEVICE, DriverCapability.FAIR_SHARE}
+)
+"""Real execution on the monotonic clock, several devices, fair share at dispatch. No
+PREEMPTION (a running request is never paused), no THERMAL_MODEL, no VIRTUAL_TIME."""
+
+EXTRA_HINT = "pip install 'npu-manager[openvino]'"
+
+
+def available() -> bool:
+    """True if `openvino` and `onnx` can be imported."""
+    for name in ("openvino", "onnx"):
+        try:
+            if importlib.util.find_spec(name) is None:
+                return False
+        except (ImportError, ValueError):
+            return False
+    return True
+
+
+def _factory(*args: Any, **kwargs: Any) -> Any:
+    from npumanager.vendor_drivers.openvino.driver import OpenVinoDriver
+
+    return OpenVinoDriver(*args, **kwargs)
+
+
+@hookimpl
+def npumanager_register_drivers() -> Iterable[DriverRecord]:
+    """Register `openvino` if the extra is installed; otherwise nothing (logged at info)."""
+    if not available():
+        log.info(
+            "driver 'openvino' not registered: openvino/onnx are not installed (%s)", EXTRA_HINT
+        )
+        return []
+    return [
+        DriverRecord(
+            name="openvino",
+            factory=_factory,
+            capabilities=CAPABILITIES,
+            description="models run for real by OpenVINO (NPU if present, else CPU)",
+        )
+    ]
+
+
+@hookimpl
+def npumanager_unavailable() -> Iterable[tuple[str, str, str]]:
+    """The driver, when the extra is not installed, and how to install it."""
+    return [] if available() else [("driver", "openvino", EXTRA_HINT)]

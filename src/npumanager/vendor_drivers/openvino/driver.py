@@ -1,0 +1,251 @@
+"""The `openvino` driver: models compiled by OpenVINO on NPU, GPU, CPU or AUTO, run for real
+on worker threads (`RealDriver`) with async inference requests.
+
+`device` defaults to NPU when `Core().available_devices` has one, else CPU. Models come
+from ONNX (bytes or a `.onnx` path), OpenVINO IR (a `.xml` path with its `.bin`) or an
+`ov.Model`; weight bytes are the model's constants. On an NPU the capacity is what the
+device reports free (`NPU_DEVICE_TOTAL_MEM_SIZE - NPU_DEVICE_ALLOC_MEM_SIZE`), elsewhere
+`capacity_bytes`. A request runs with `start_async` and is waited for with `wait()`, which
+releases the GIL; a Python completion callback is not used (it runs on OpenVINO's thread
+and needs the GIL, and it does not fire on cancel). A running request is stopped with
+`InferRequest.cancel()`, which ends the wait with an error. The uid's band is relayed as
+`MODEL_PRIORITY` (HIGH above the last two bands, MEDIUM next to last, LOW last) and
+`WORKLOAD_TYPE` (EFFICIENT for MEDIUM and LOW): at compile time where the device lists
+the property, afterwards with `set_property`; where the device takes neither (the CPU
+plugin) one log line says so and the driver's own queue does the ordering.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov  # type: ignore[import-untyped,unused-ignore]
+
+from npumanager.checks import check_int
+from npumanager.errors import IllegalArgumentError, UnknownDeviceError
+from npumanager.schemas.device import DeviceSpec
+from npumanager.schemas.limits import (
+    INT64_MAX,
+    MAX_INTRA_OP_THREADS,
+    OPENVINO_DEVICES,
+    REAL_DEFAULT_CAPACITY_BYTES,
+    REAL_DEFAULT_CHANNELS,
+)
+from npumanager.vendor_drivers.realexec.base import ModelSource, RealDriver, real_specs
+from npumanager.vendor_drivers.realexec.session import Call, InputSpec, is_background
+
+log = logging.getLogger(__name__)
+
+PRIORITY, WORKLOAD = "MODEL_PRIORITY", "WORKLOAD_TYPE"
+
+
+def default_device(core: Any) -> str:
+    """NPU if the machine has one, else CPU."""
+    return "NPU" if any(d.startswith("NPU") for d in core.available_devices) else "CPU"
+
+
+def band_properties(band: int, bands: int) -> dict[str, str]:
+    """`MODEL_PRIORITY` and `WORKLOAD_TYPE` for band `band` of `bands` (0 most important)."""
+    if bands == 1:
+        priority = "MEDIUM"
+    elif band == bands - 1:
+        priority = "LOW"
+    elif band == bands - 2 and bands >= 3:
+        priority = "MEDIUM"
+    else:
+        priority = "HIGH"
+    workload = "EFFICIENT" if is_background(band, bands) else "DEFAULT"
+    return {PRIORITY: priority, WORKLOAD: workload}
+
+
+def supported(core: Any, device: str) -> set[str]:
+    """The properties a device lists."""
+    try:
+        return {str(p) for p in core.get_property(device, "SUPPORTED_PROPERTIES")}
+    except Exception:
+        return set()
+
+
+def _read(core: Any, model: ModelSource, path: str | Path | None) -> Any:
+    if (model is None) == (path is None):
+        raise IllegalArgumentError("give exactly one of model= (ONNX bytes or ov.Model) and path=")
+    if isinstance(model, ov.Model):
+        return model
+    if path is not None:
+        if Path(path).suffix not in (".onnx", ".xml"):
+            raise IllegalArgumentError(
+                f"path must be an ONNX (.onnx) or IR (.xml) file; got {path}"
+            )
+        source: Any = str(path)
+    elif isinstance(model, bytes | bytearray) and model:
+        source = bytes(model)
+    else:
+        raise IllegalArgumentError(
+            f"model must be ONNX bytes or an openvino.Model (IR: path=); got {model!r:.60}"
+        )
+    try:
+        return core.read_model(source)
+    except Exception as exc:
+        raise IllegalArgumentError(
+            f"not an ONNX or OpenVINO IR model ({str(exc).strip().splitlines()[-1]}); give "
+            "ONNX bytes, an openvino.Model, or a .onnx / .xml path"
+        ) from None
+
+
+def _nothing() -> None:
+    """A stop for a call whose request is back in the pool."""
+
+
+class OvSession:
+    """One model compiled for a device, with a pool of infer requests."""
+
+    def __init__(self, core: Any, model: Any, device: str, threads: int, props: dict[str, str]):
+        self.weight_bytes = sum(
+            int(op.get_byte_size())
+            for op in model.get_ordered_ops()
+            if op.get_type_name() == "Constant"
+        )
+        self.target = device
+        self._listed = supported(core, device)
+        config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
+        if "INFERENCE_NUM_THREADS" in self._listed:
+            config["INFERENCE_NUM_THREADS"] = threads
+        config.update({k: v for k, v in props.items() if k in self._listed})
+        try:
+            self.compiled = core.compile_model(model, device, config)
+        except Exception as exc:
+            raise IllegalArgumentError(
+                f"OpenVINO cannot compile the model for {device}: "
+                f"{str(exc).strip().splitlines()[-1]}"
+            ) from None
+        executing = self._get("EXECUTION_DEVICES")
+        if executing:
+            self.target = ",".join(map(str, executing))
+        self.relayed = dict(config.items() & props.items())
+        self._warned = not (set(props) - set(self.relayed))
+        if not self._warned:
+            self._warned = True
+            log.info(
+                "%s takes no %s; the driver's own queue orders the work",
+                device,
+                " / ".join(sorted(set(props) - set(self.relayed))),
+            )
+        inputs = []
+        for port in self.compiled.inputs:
+            shape = tuple(
+                None if d.is_dynamic else d.get_length() for d in port.get_partial_shape()
+            )
+            inputs.append(
+                InputSpec(port.get_any_name(), shape, np.dtype(port.get_element_type().to_dtype()))
+            )
+        self.inputs = tuple(inputs)
+        self._pool: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def _get(self, name: str) -> Any:
+        try:
+            return self.compiled.get_property(name)
+        except Exception:
+            return None
+
+    def run(self, feeds: dict[str, np.ndarray], call: Call) -> list[np.ndarray]:
+        """One async inference, waited for with the GIL released; `call.cancel()` cancels
+        the request (`InferRequest.cancel()`), which ends the wait with an error."""
+        try:
+            request = self._pool.get_nowait()
+        except queue.Empty:
+            request = self.compiled.create_infer_request()
+        try:
+            request.start_async(feeds)
+            call.arm(request.cancel)
+            request.wait()  # raises if cancelled or failed
+            count = len(self.compiled.outputs)
+            outputs = [request.get_output_tensor(i).data.copy() for i in range(count)]
+        finally:
+            call.arm(_nothing)
+            self._pool.put(request)
+        if call.cancelled:
+            raise RuntimeError("the inference was cancelled")
+        return outputs
+
+    def set_band(self, band: int, bands: int) -> None:
+        """Relay the band as MODEL_PRIORITY / WORKLOAD_TYPE where the compiled model takes it."""
+        wanted = band_properties(band, bands)
+        for name, value in wanted.items():
+            if self.relayed.get(name) == value:
+                continue
+            try:
+                self.compiled.set_property({name: value})
+                self.relayed[name] = value
+            except Exception as exc:
+                if not self._warned:
+                    self._warned = True
+                    log.info(
+                        "%s does not take %s=%s (%s); the driver's own queue orders the work",
+                        self.target,
+                        name,
+                        value,
+                        str(exc).strip().splitlines()[-1],
+                    )
+
+    def close(self) -> None:
+        """Drop the compiled model and its requests."""
+        self._pool = queue.SimpleQueue()
+
+
+class OpenVinoDriver(RealDriver):
+    """Models compiled by OpenVINO, run on `channels` worker threads per device."""
+
+    def __init__(
+        self,
+        devices: int | Sequence[DeviceSpec | Mapping[str, Any]] = 1,
+        *,
+        device: str | None = None,
+        capacity_bytes: int | None = None,
+        channels: int = REAL_DEFAULT_CHANNELS,
+        inference_threads: int = 1,
+        **options: Any,
+    ) -> None:
+        self.core = ov.Core()
+        available = list(self.core.available_devices)
+        name = default_device(self.core) if device is None else device
+        if (
+            not isinstance(name, str)
+            or name.split(".")[0] not in OPENVINO_DEVICES
+            or (name != "AUTO" and name not in available)
+        ):
+            raise UnknownDeviceError(
+                f"OpenVINO device {name!r} is not available; this machine has "
+                f"{[*available, 'AUTO']} (the driver takes {', '.join(OPENVINO_DEVICES)})"
+            )
+        self.device = name
+        capacity = self._capacity(capacity_bytes)
+        specs = real_specs(devices, channels, capacity)
+        self.inference_threads = check_int(
+            "inference_threads", inference_threads, 1, MAX_INTRA_OP_THREADS
+        )
+        super().__init__(specs, **options)
+
+    def _capacity(self, configured: int | None) -> int:
+        if configured is not None:
+            return check_int("capacity_bytes", configured, 1, INT64_MAX)
+        if self.device.startswith("NPU"):
+            try:
+                total = int(self.core.get_property(self.device, "NPU_DEVICE_TOTAL_MEM_SIZE"))
+                used = int(self.core.get_property(self.device, "NPU_DEVICE_ALLOC_MEM_SIZE"))
+                return max(1, total - used)
+            except Exception as exc:
+                log.info("%s reports no memory size (%s); using the default", self.device, exc)
+        return REAL_DEFAULT_CAPACITY_BYTES
+
+    def _open(
+        self, device: int, model: ModelSource, path: str | Path | None, band: int
+    ) -> OvSession:
+        props = band_properties(band, len(self.specs[device].bands))
+        return OvSession(
+            self.core, _read(self.core, model, path), self.device, self.inference_threads, props
+        )

@@ -1,0 +1,1 @@
+"""The real-execution driver base shared by the `onnxruntime` and `openvino` drivers."""

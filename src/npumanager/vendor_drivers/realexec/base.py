@@ -1,0 +1,415 @@
+"""`RealDriver`: the `Driver` protocol over a real runtime, with no simulated engine.
+
+Work waits in a `DeviceScheduler` per device (bands, fair share, floor) and runs on the
+device's worker threads (`Channels`): REQUESTED when queued, STARTED when the runtime
+call begins, ENDED(COMPLETED) when it returns (outputs kept for the caller), FAILED on a
+runtime error, CANCELLED_USER on `cancel`, CANCELLED_SYSTEM on unload. Queued work that
+ends never runs; running work is stopped with the runtime's own cancel. Nothing running
+is paused: a more important job takes the next free channel (no PREEMPTION). Time is the
+monotonic clock. A subclass opens models into `Session`s (`_open`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from npumanager.checks import GroupId, check_int, group_bytes
+from npumanager.core.events import NO_REASON, EventKind
+from npumanager.errors import CapacityError, IllegalArgumentError, UnknownModelError
+from npumanager.schemas import EndReason, SchedulingConfig
+from npumanager.schemas.device import DeviceDescription, DeviceSpec, DeviceStatus
+from npumanager.schemas.limits import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    MAX_PRIORITY,
+    MAX_RUNTIME_DEVICES,
+    MAX_TIMED_ROWS,
+    MIN_PRIORITY,
+    TIMED_CALIBRATION_ROWS,
+)
+from npumanager.vendor_drivers.realexec.chain import chain_inputs, chain_model
+from npumanager.vendor_drivers.realexec.channels import Channels, ExecutionError, Model, Work
+from npumanager.vendor_drivers.realexec.session import Call, Session, check_feeds
+from npumanager.vendor_drivers.realexec.work import WorkFuture, effective_priority, permitted
+
+ModelSource = bytes | Any | None
+"""A model as a runtime takes it: bytes, or the runtime's own model object."""
+
+
+def real_specs(
+    devices: int | Sequence[DeviceSpec | Mapping[str, Any]], channels: int, capacity: int
+) -> list[DeviceSpec]:
+    """`devices` devices of `channels` channels and `capacity` weight bytes, or the specs
+    given."""
+    if isinstance(devices, int):
+        count = check_int("devices", devices, 1, MAX_RUNTIME_DEVICES)
+        return [DeviceSpec(channels=channels, weight_memory_bytes=capacity) for _ in range(count)]
+    specs = [d if isinstance(d, DeviceSpec) else DeviceSpec.model_validate(d) for d in devices]
+    check_int("number of devices", len(specs), 1, MAX_RUNTIME_DEVICES)
+    return specs
+
+
+class RealDriver(Channels):
+    """Models opened in a runtime and inferences submitted to the device's channels."""
+
+    # For subclasses ---------------------------------------------------------------------
+
+    @abstractmethod
+    def _open(self, device: int, model: ModelSource, path: str | Path | None, band: int) -> Session:
+        """Open a model on a device's runtime; a bad model raises `IllegalArgumentError`."""
+
+    def _band_changed(self, session: Session, device: int, uid: int) -> None:
+        """Relay the band of the model's uid to the runtime (`Session.set_band`)."""
+        session.set_band(self._band(device, uid), len(self.specs[device].bands))
+
+    # Description --------------------------------------------------------------------------
+
+    @property
+    def device_count(self) -> int:
+        """How many devices, numbered 0..device_count-1."""
+        return len(self.specs)
+
+    def describe_devices(self) -> list[DeviceDescription]:
+        """What each device offers: channels (worker threads) and weight memory."""
+        return [
+            DeviceDescription(
+                number=n, channels=s.channels, weight_memory_bytes=s.weight_memory_bytes
+            )
+            for n, s in enumerate(self.specs)
+        ]
+
+    def device_state(self, device: int = 0) -> DeviceStatus:
+        """A reading of one device now (no thermal model: always ambient)."""
+        with self._lock:
+            self._check_open()
+            d = self._device(device)
+            sched, spec = self._scheds[d], self.specs[d]
+            return DeviceStatus(
+                number=d,
+                now_us=self.now_us,
+                weight_memory_bytes=spec.weight_memory_bytes,
+                weight_memory_used_bytes=self._used[d],
+                sram_used_bytes=0,
+                models_loaded=sum(1 for m in self._models.values() if m.device == d),
+                queue_depth=sched.depth,
+                running=tuple(w.id if w is not None else -1 for w in sched.running),
+                temperature_mc=spec.thermal.ambient_mc,
+                peak_temperature_mc=spec.thermal.ambient_mc,
+                severity=0,
+                throttled_us=0,
+                shutdown=False,
+            )
+
+    # The HAL ------------------------------------------------------------------------------
+
+    def _apply_configs(self, configs: Mapping[int, SchedulingConfig]) -> None:
+        with self._lock:
+            self._check_open()
+            t = self.now_us
+            for sched in self._scheds:
+                sched.rerank(
+                    t,
+                    lambda w: effective_priority(configs, w.uid, w.original_uid, w.job_priority),
+                )
+            for model in self._models.values():
+                if model.session is not None and model.uid is not None:
+                    band = self._band(model.device, model.uid, configs)
+                    model.session.set_band(band, len(self.specs[model.device].bands))
+            self._wake()
+
+    # Models -------------------------------------------------------------------------------
+
+    def load_model(
+        self,
+        device: int = 0,
+        *,
+        model: ModelSource = None,
+        path: str | Path | None = None,
+        weight_bytes: int | None = None,
+        sram_bytes: int = 0,
+        uid: int | None = None,
+    ) -> int:
+        """Open a model (`model=` bytes or a runtime model object, or `path=`) and account
+        its real weight bytes; with only `weight_bytes`, account bytes without a session.
+
+        A model that is not valid or does not fit raises, and nothing is loaded.
+        """
+        self._check_open()
+        d = self._device(device)
+        sram = check_int("sram_bytes", sram_bytes, 0, INT64_MAX)
+        if sram > self.specs[d].sram_bytes:
+            raise CapacityError(
+                f"sram_bytes {sram} exceeds device {d}'s SRAM of {self.specs[d].sram_bytes} bytes"
+            )
+        if model is None and path is None:
+            if weight_bytes is None:
+                raise IllegalArgumentError("give model=, path= or weight_bytes=")
+            return self._account(d, check_int("weight_bytes", weight_bytes, 0, INT64_MAX), None)
+        last = len(self.specs[d].bands) - 1
+        band = last if uid is None else self._band(d, check_int("uid", uid, 0, INT32_MAX))
+        session = self._open(d, model, path, band)
+        if weight_bytes is not None and weight_bytes != session.weight_bytes:
+            session.close()
+            raise IllegalArgumentError(
+                f"weight_bytes={weight_bytes} but the model's weights hold "
+                f"{session.weight_bytes} bytes"
+            )
+        try:
+            handle = self._account(d, session.weight_bytes, session)
+        except Exception:
+            session.close()
+            raise
+        if uid is not None:
+            with self._lock:
+                entry = self._models[handle]
+                entry.uid = check_int("uid", uid, 0, INT32_MAX)
+                self._band_changed(session, d, uid)
+        return handle
+
+    def _account(self, device: int, weight: int, session: Session | None) -> int:
+        with self._lock:
+            self._check_open()
+            capacity = self.specs[device].weight_memory_bytes
+            if len(self._models) >= self.max_models:
+                raise CapacityError(f"the driver holds {self.max_models} models already")
+            if weight > capacity - self._used[device]:
+                raise CapacityError(
+                    f"the model's {weight} weight bytes do not fit on device {device}: "
+                    f"{capacity - self._used[device]} of {capacity} bytes free"
+                )
+            handle = self._next_model
+            self._next_model += 1
+            self._models[handle] = Model(handle, device, weight, session)
+            self._used[device] += weight
+            return handle
+
+    def model_info(self, model: int) -> Session:
+        """The session of a loaded model (`UnknownModelError` if it has none)."""
+        with self._lock:
+            entry = self._models.get(model)
+            if entry is None or entry.session is None:
+                raise UnknownModelError(f"model {model} is not loaded with a runtime session")
+            return entry.session
+
+    def model_bytes(self, model: int) -> int:
+        """The weight bytes accounted for a loaded model."""
+        with self._lock:
+            entry = self._models.get(model)
+            if entry is None:
+                raise UnknownModelError(f"model {model} is not loaded")
+            return entry.weight_bytes
+
+    def unload_model(self, model: int) -> None:
+        """Free a model; its queued and running work ends CANCELLED_SYSTEM (running work is
+        stopped with the runtime's cancel)."""
+        with self._lock:
+            self._check_open()
+            entry = self._models.pop(check_int("model", model, 0, INT32_MAX), None)
+            if entry is None:
+                raise UnknownModelError(f"model {model} is not loaded")
+            for work in sorted(self._work.values(), key=lambda w: w.id):
+                if work.model == model:
+                    self._end(work, EndReason.CANCELLED_SYSTEM)
+            self._used[entry.device] -= entry.weight_bytes
+        if entry.session is not None:
+            entry.session.close()
+
+    # Timed work: the conformance hook ------------------------------------------------------
+
+    def timed_model(self) -> bytes:
+        """The model built in code (ONNX): a chain of matrix multiplications."""
+        return chain_model()
+
+    def load_timed_model(self, device: int = 0) -> int:
+        """Load the driver's model built in code (a chain of matrix multiplications) and
+        measure its cost per input row; `timed_inputs` then sizes real work by duration."""
+        handle = self.load_model(device, model=chain_model())
+        session = self.model_info(handle)
+        feeds = chain_inputs(TIMED_CALIBRATION_ROWS)
+        session.run(feeds, Call(False))
+        times = []
+        for _ in range(3):
+            start = time.perf_counter_ns()
+            session.run(feeds, Call(False))
+            times.append(time.perf_counter_ns() - start)
+        with self._lock:
+            self._models[handle].row_us = sorted(times)[1] / 1000 / TIMED_CALIBRATION_ROWS
+        return handle
+
+    def timed_inputs(self, model: int, ms: float) -> dict[str, np.ndarray]:
+        """Inputs of the timed model for one inference of about `ms` milliseconds here."""
+        with self._lock:
+            entry = self._models.get(model)
+            if entry is None or entry.row_us <= 0:
+                raise UnknownModelError(f"model {model} is not a timed model")
+            rows = math.ceil(ms * 1000 / entry.row_us)
+        return chain_inputs(max(1, min(MAX_TIMED_ROWS, rows)))
+
+    # Work ---------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        model: int,
+        *,
+        uid: int,
+        cost_cycles: int | None = None,
+        inputs: Mapping[str, Any] | None = None,
+        job_priority: int = MIN_PRIORITY,
+        original_uid: int | None = None,
+        group_id: GroupId | None = None,
+        feature_id: str | None = None,
+        debug_pid: int = 0,
+    ) -> int:
+        """Queue one inference with `inputs` (by name); its work id. Outputs: `result`."""
+        return self.submit_future(
+            model,
+            uid=uid,
+            cost_cycles=cost_cycles,
+            inputs=inputs,
+            job_priority=job_priority,
+            original_uid=original_uid,
+            group_id=group_id,
+            feature_id=feature_id,
+            debug_pid=debug_pid,
+            keep=True,
+        ).work_id
+
+    def submit_future(
+        self,
+        model: int,
+        *,
+        uid: int,
+        inputs: Mapping[str, Any] | None,
+        cost_cycles: int | None = None,
+        job_priority: int = MIN_PRIORITY,
+        original_uid: int | None = None,
+        group_id: GroupId | None = None,
+        feature_id: str | None = None,
+        debug_pid: int = 0,
+        keep: bool = False,
+        inline: bool = False,
+    ) -> WorkFuture:
+        """Queue one inference; a future of its outputs (`cancel()` cancels the work)."""
+        self._check_open()
+        uid = check_int("uid", uid, 0, INT32_MAX)
+        original = (
+            uid if original_uid is None else check_int("original_uid", original_uid, 0, INT32_MAX)
+        )
+        job_priority = check_int("job_priority", job_priority, MIN_PRIORITY, MAX_PRIORITY)
+        gid = group_bytes(group_id)
+        debug_pid = check_int("debug_pid", debug_pid, INT32_MIN, INT32_MAX)
+        if feature_id is not None and not isinstance(feature_id, str):
+            raise IllegalArgumentError(f"feature_id must be a str or None; got {feature_id!r}")
+        with self._lock:
+            entry = self._models.get(check_int("model", model, 0, INT32_MAX))
+            if entry is None:
+                raise UnknownModelError(f"model {model} is not loaded")
+            if entry.session is None:
+                raise IllegalArgumentError(
+                    f"model {model} was loaded with weight_bytes only and has no runtime "
+                    "session; load it with model= or path= (cost_cycles is for simulated drivers)"
+                )
+            if cost_cycles is not None:
+                raise IllegalArgumentError(
+                    "cost_cycles is for simulated drivers; a real driver runs inputs="
+                )
+            if inputs is None:
+                raise IllegalArgumentError(
+                    "inputs= is required: "
+                    + ", ".join(spec.describe() for spec in entry.session.inputs)
+                )
+            feeds = check_feeds(entry.session.inputs, inputs)
+            work = Work(
+                id=self._next_work,
+                uid=uid,
+                effective_priority=effective_priority(self._configs, uid, original, job_priority),
+                model=model,
+                device=entry.device,
+                original_uid=original,
+                job_priority=job_priority,
+                group_id=gid,
+                feature_id=feature_id,
+                debug_pid=debug_pid,
+                feeds=feeds,
+                future=WorkFuture(self._next_work, self, keep),
+            )
+            self._next_work += 1
+            t = self.now_us
+            self._event(EventKind.REQUESTED, NO_REASON, work, t)
+            if not permitted(self._configs, uid, original) or len(self._work) >= self.max_live_work:
+                self._event(EventKind.ENDED, EndReason.FAILED, work, t)
+                work.future.fail(
+                    ExecutionError(
+                        f"uid {uid} may not run this work (no direct access, "
+                        "no permission to attribute, or too much live work)"
+                    )
+                )
+                return work.future
+            self._work[work.id] = work
+            sched = self._scheds[entry.device]
+            sched.enqueue(work, t)
+            channel = self._free_channel(entry.device) if inline and sched.depth == 1 else None
+            if channel is not None and sched.pick(t) is work:
+                self._start(work, channel)
+                work.future.inline = work
+            else:
+                self._wake(entry.device)
+            return work.future
+
+    def run_inference(
+        self,
+        model: int,
+        *,
+        uid: int,
+        inputs: Mapping[str, Any] | None,
+        job_priority: int = MIN_PRIORITY,
+        timeout: float | None = None,
+        **details: Any,
+    ) -> list[np.ndarray]:
+        """Run one inference and return its outputs (`submit_future(inline=True)`, then
+        `outputs`)."""
+        future = self.submit_future(
+            model, uid=uid, inputs=inputs, job_priority=job_priority, inline=True, **details
+        )
+        return self.outputs(future, timeout)
+
+    def outputs(self, future: WorkFuture, timeout: float | None = None) -> list[np.ndarray]:
+        """The outputs of submitted work. Work submitted `inline` that found a free channel
+        with nothing waiting runs here, on the calling thread (no hand-over to a worker).
+        After `timeout` seconds the work is cancelled and `TimeoutError` raised."""
+        work, future.inline = future.inline, None
+        if work is None:
+            try:
+                return future.result(timeout=timeout)
+            except TimeoutError:
+                future.cancel()
+                raise
+        fired: list[bool] = []
+
+        def expire() -> None:
+            fired.append(True)
+            future.cancel()
+
+        timer = None if timeout is None else threading.Timer(timeout, expire)
+        if timer is not None:
+            timer.start()
+        try:
+            self._execute(work)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if fired and future.cancelled():
+            raise TimeoutError(f"work {future.work_id} did not end within {timeout} s")
+        return future.result()
+
+
+__all__ = ["ExecutionError", "ModelSource", "RealDriver", "Work"]

@@ -1,0 +1,376 @@
+"""`Channels`: the worker threads, queue and events under a real driver.
+
+Each device has `channels` worker threads; a free worker takes the next job from the
+device's `DeviceScheduler`, calls the runtime outside the lock, and reports what really
+happened. `RealDriver` (`realexec.base`) adds models and submission on top.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from npumanager.checks import check_int
+from npumanager.core.driver import DriverBase
+from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.scheduler import DeviceScheduler, Job
+from npumanager.errors import (
+    DriverClosedError,
+    IllegalArgumentError,
+    UnknownDeviceError,
+    UnknownWorkError,
+)
+from npumanager.schemas import EndReason, SchedulingConfig, StartReason
+from npumanager.schemas.device import DeviceSpec
+from npumanager.schemas.limits import (
+    DEFAULT_MAX_LIVE_WORK,
+    DEFAULT_MAX_MODELS,
+    INT32_MAX,
+    MAX_CHANNELS,
+    MAX_LIVE_WORK,
+    MAX_MODELS,
+    MIN_PRIORITY,
+    REAL_MAX_RESULTS,
+    REAL_NO_SLICE_US,
+    REAL_RESERVED_CHANNELS,
+)
+from npumanager.vendor_drivers.realexec.session import Call, Session, is_background
+from npumanager.vendor_drivers.realexec.work import WorkFuture, effective_priority
+
+
+class ExecutionError(RuntimeError):
+    """The runtime failed an inference (the work ended FAILED); the runtime's message."""
+
+
+@dataclass(eq=False, kw_only=True)
+class Work(Job):
+    """One live inference."""
+
+    model: int
+    device: int
+    original_uid: int
+    job_priority: int
+    group_id: bytes | None
+    feature_id: str | None
+    debug_pid: int
+    feeds: dict[str, np.ndarray] | None
+    future: WorkFuture
+    call: Call | None = None
+
+
+@dataclass(eq=False)
+class Model:
+    """A loaded model: its device, bytes and session (None: accounted only)."""
+
+    id: int
+    device: int
+    weight_bytes: int
+    session: Session | None
+    row_us: float = 0.0
+    uid: int | None = None
+
+
+class Channels(DriverBase):
+    """The live work of a real driver: per device a scheduler and its worker threads."""
+
+    def __init__(
+        self,
+        specs: Sequence[DeviceSpec],
+        *,
+        max_live_work: int = DEFAULT_MAX_LIVE_WORK,
+        max_models: int = DEFAULT_MAX_MODELS,
+        clock: str = "real",
+        reserved_channels: int = REAL_RESERVED_CHANNELS,
+    ) -> None:
+        if clock != "real":
+            raise IllegalArgumentError(
+                f"a real driver runs on the real clock only (clock='real'); got {clock!r}"
+            )
+        super().__init__()
+        self.specs = [s.model_copy(update={"slice_us": REAL_NO_SLICE_US}) for s in specs]
+        self.max_live_work = check_int("max_live_work", max_live_work, 1, MAX_LIVE_WORK)
+        self.max_models = check_int("max_models", max_models, 1, MAX_MODELS)
+        mutex = threading.RLock()
+        self._lock = threading.Condition(mutex)
+        self._pump_lock = threading.Lock()
+        self._ready = [threading.Condition(mutex) for _ in self.specs]
+        """Per device, what its workers wait on: woken only when there is work to take."""
+        reserved = check_int("reserved_channels", reserved_channels, 0, MAX_CHANNELS)
+        self._background_limit = [max(1, s.channels - reserved) for s in self.specs]
+        self._background_busy = [0] * len(self.specs)
+        self._scheds = [DeviceScheduler[Work](s) for s in self.specs]
+        self._used = [0] * len(self.specs)
+        self._models: dict[int, Model] = {}
+        self._work: dict[int, Work] = {}
+        self._events: list[WorkEvent] = []
+        self._results: OrderedDict[int, list[np.ndarray]] = OrderedDict()
+        self._next_work = 1
+        self._next_model = 1
+        self._busy = 0
+        self._closed = False
+        self._t0 = time.monotonic_ns()
+        self._rfd, self._wfd = os.pipe()
+        os.set_blocking(self._rfd, False)
+        self._signalled = False
+        self._threads = [
+            threading.Thread(target=self._worker, args=(d, c), daemon=True, name=f"npu{d}.{c}")
+            for d, spec in enumerate(self.specs)
+            for c in range(spec.channels)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _band(
+        self, device: int, uid: int, configs: Mapping[int, SchedulingConfig] | None = None
+    ) -> int:
+        """The band of the device that a uid's work (job priority 0) falls in."""
+        priority = effective_priority(
+            self._configs if configs is None else configs, uid, uid, MIN_PRIORITY
+        )
+        return self.specs[device].band_of(priority)
+
+    @property
+    def now_us(self) -> int:
+        """Microseconds of the monotonic clock since the driver opened."""
+        return (time.monotonic_ns() - self._t0) // 1000
+
+    def fileno(self) -> int:
+        """Readable while events wait for `pump`."""
+        return self._rfd
+
+    def cancel(self, work_id: int) -> None:
+        """End live work CANCELLED_USER now: queued, it never runs; running, it is stopped."""
+        with self._lock:
+            self._check_open()
+            work = self._work.get(check_int("work_id", work_id, 0, INT32_MAX))
+            if work is None:
+                raise UnknownWorkError(f"work_id {work_id} is not live (never submitted or ended)")
+            self._end(work, EndReason.CANCELLED_USER)
+
+    def inject_fault(self, work_id: int) -> None:
+        """Make live work fail now (ENDED FAILED), as a runtime error would."""
+        with self._lock:
+            work = self._work.get(check_int("work_id", work_id, 0, INT32_MAX))
+            if work is None:
+                raise UnknownWorkError(f"work_id {work_id} is not live")
+            self._end(work, EndReason.FAILED)
+
+    def result(self, work_id: int) -> list[np.ndarray]:
+        """The outputs of a completed inference submitted with `submit` (once)."""
+        with self._lock:
+            try:
+                return self._results.pop(work_id)
+            except KeyError:
+                raise LookupError(f"no outputs for work {work_id}") from None
+
+    def _end(self, work: Work, reason: EndReason) -> None:
+        """End live work now (lock held): out of the queue or stopped on its channel."""
+        t = self.now_us
+        sched = self._scheds[work.device]
+        if work.channel >= 0:
+            sched.stop(work, t, requeue=False)
+            if work.call is not None:
+                work.call.cancel()
+        else:
+            sched.remove(work, t)
+        del self._work[work.id]
+        work.feeds = None
+        self._event(EventKind.ENDED, reason, work, t)
+        if reason == EndReason.FAILED:
+            work.future.fail(ExecutionError(f"work {work.id} failed"))
+        else:
+            work.future.cancelled_by_driver()
+        self._wake(work.device)
+
+    # Workers ------------------------------------------------------------------------------
+
+    def _worker(self, device: int, channel: int) -> None:
+        sched = self._scheds[device]
+        while True:
+            with self._lock:
+                while not self._closed and not self._can_take(device, channel):
+                    self._ready[device].wait()
+                if self._closed:
+                    return
+                work = sched.pick(self.now_us)
+                if work is None:
+                    continue
+                self._start(work, channel)
+            self._execute(work)
+
+    def _start(self, work: Work, channel: int) -> None:
+        """Put picked work on a channel (lock held): STARTED now."""
+        t = self.now_us
+        self._scheds[work.device].start(work, channel, t)
+        work.call = Call(self._in_background(work.device, work))
+        self._busy += 1
+        self._background_busy[work.device] += work.call.background
+        self._event(EventKind.STARTED, StartReason.INITIAL, work, t)
+
+    def _execute(self, work: Work) -> None:
+        """Run started work on this thread (lock not held), then end it as it went."""
+        session = self._models[work.model].session
+        assert session is not None and work.feeds is not None and work.call is not None
+        outputs: list[np.ndarray] | None = None
+        error: Exception | None = None
+        try:
+            outputs = session.run(work.feeds, work.call)
+        except Exception as exc:  # the runtime's failure or its stop
+            error = exc
+        with self._lock:
+            self._busy -= 1
+            self._background_busy[work.device] -= work.call.background
+            if self._work.get(work.id) is work:
+                t = self.now_us
+                self._scheds[work.device].stop(work, t, requeue=False)
+                del self._work[work.id]
+                work.feeds = None
+                if outputs is not None:
+                    self._event(EventKind.ENDED, EndReason.COMPLETED, work, t)
+                    self._keep(work, outputs)
+                else:
+                    self._event(EventKind.ENDED, EndReason.FAILED, work, t)
+                    work.future.fail(ExecutionError(f"the runtime failed: {error}"))
+            self._wake(work.device)
+
+    def _wake(self, device: int | None = None) -> None:
+        """Wake the workers of a device (or all) when work waits, and `run_until_idle`
+        when nothing is live (lock held); no wake-up is spent on nothing."""
+        for d in range(len(self.specs)) if device is None else (device,):
+            if self._scheds[d].depth or self._closed:
+                self._ready[d].notify_all()
+        if (not self._work and not self._busy) or self._closed:
+            self._lock.notify_all()
+
+    def _free_channel(self, device: int) -> int | None:
+        """A channel the calling thread may run the next job on (lock held), if any."""
+        for channel in range(self.specs[device].channels):
+            if self._can_take(device, channel):
+                return channel
+        return None
+
+    def _in_background(self, device: int, work: Work) -> bool:
+        spec = self.specs[device]
+        return is_background(spec.band_of(work.effective_priority), len(spec.bands))
+
+    def _can_take(self, device: int, channel: int) -> bool:
+        """A job waits, the channel is free, and the next job is not held back: background
+        work (`is_background`) takes the last `reserved_channels` free channels only if it
+        is more important than every running job (it always gets one channel)."""
+        sched = self._scheds[device]
+        if sched.depth == 0 or sched.running[channel] is not None:
+            return False
+        head = sched.peek(self.now_us)
+        if head is None or not self._in_background(device, head):
+            return True
+        if self._background_busy[device] < self._background_limit[device]:
+            return True
+        running = [w.effective_priority for w in sched.running if w is not None]
+        return head.effective_priority < min(running, default=head.effective_priority + 1)
+
+    def _keep(self, work: Work, outputs: list[np.ndarray]) -> None:
+        if work.future.keep:
+            self._results[work.id] = outputs
+            while len(self._results) > REAL_MAX_RESULTS:
+                self._results.popitem(last=False)
+        work.future.succeed(outputs)
+
+    # Events and time ----------------------------------------------------------------------
+
+    def _event(self, kind: EventKind, reason: int, work: Work, t: int) -> None:
+        self._events.append(
+            WorkEvent(
+                int(kind), int(reason), work.id, work.group_id, work.uid, work.debug_pid,
+                work.original_uid, work.feature_id, work.job_priority,
+                work.effective_priority, t // 1000, work.device, t, work.model,
+            )
+        )  # fmt: skip
+        if not self._signalled:
+            self._signalled = True
+            os.write(self._wfd, b"!")
+
+    def pump(self) -> None:
+        """Hand the events since the last call to the callback (or keep them)."""
+        with self._pump_lock:
+            with self._lock:
+                events, self._events = self._events, []
+                if self._signalled:
+                    self._signalled = False
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._rfd, 64)
+            self._hand_over(events, self.now_us)
+
+    def take_events(self) -> list[WorkEvent]:
+        """Raw events kept while no callback was registered, oldest first; clears them."""
+        with self._pump_lock:
+            pass
+        return super().take_events()
+
+    def idle(self) -> bool:
+        """True when no work is live and no worker is inside the runtime."""
+        with self._lock:
+            return not self._work and self._busy == 0
+
+    def run_until_idle(self, max_us: int | None = None) -> int:
+        """Wait (at most `max_us` of wall time) until no work is live; deliver events."""
+        self._check_open()
+        deadline = None if max_us is None else time.monotonic() + max_us / 1e6
+        with self._lock:
+            while self._work or self._busy:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._lock.wait(timeout=left)
+        due = self._next_debounce_due_us()
+        while due is not None and (deadline is None or time.monotonic() < deadline):
+            time.sleep(max(0.0, (due - self.now_us) / 1e6))
+            self.pump()
+            due = self._next_debounce_due_us()
+        self.pump()
+        return self.now_us
+
+    def close(self) -> None:
+        """Stop the workers (running work is stopped) and release the sessions; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            for work in sorted(self._work.values(), key=lambda w: w.id):
+                self._end(work, EndReason.CANCELLED_SYSTEM)
+            self._closed = True
+            self._wake()
+        for thread in self._threads:
+            thread.join()
+        for entry in self._models.values():
+            if entry.session is not None:
+                entry.session.close()
+        self._models.clear()
+        os.close(self._rfd)
+        os.close(self._wfd)
+
+    def __enter__(self) -> Channels:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DriverClosedError("the driver is closed")
+
+    def _device(self, device: int) -> int:
+        device = check_int("device", device, 0, INT32_MAX)
+        if device >= len(self.specs):
+            raise UnknownDeviceError(
+                f"device {device} does not exist; devices are 0..{len(self.specs) - 1}"
+            )
+        return device
+
+
+__all__ = ["Channels", "ExecutionError", "Model", "Work"]

@@ -1,0 +1,84 @@
+"""The future of one real inference, and the scheduling rules a driver applies per uid.
+
+`effective_priority` and `permitted` are the reference device's rules: an unknown uid is
+least important with direct access and no attribution; work attributed to a configured
+uid schedules by that uid's config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+import numpy as np
+
+from npumanager.schemas import SchedulingConfig
+from npumanager.schemas.limits import UNKNOWN_UID_PRIORITY
+
+
+class _Canceller(Protocol):
+    def cancel(self, work_id: int) -> None: ...
+
+
+def _config(configs: Mapping[int, SchedulingConfig], uid: int) -> SchedulingConfig:
+    return configs.get(uid) or SchedulingConfig(uid=uid, app_priority=UNKNOWN_UID_PRIORITY)
+
+
+def effective_priority(
+    configs: Mapping[int, SchedulingConfig], uid: int, original_uid: int, job_priority: int
+) -> int:
+    """The app priority of the uid the work counts for plus its clamped job priority."""
+    config = _config(configs, uid)
+    if original_uid != uid and original_uid in configs:
+        config = configs[original_uid]
+    return config.app_priority + config.clamp_job_priority(job_priority)
+
+
+def permitted(configs: Mapping[int, SchedulingConfig], uid: int, original_uid: int) -> bool:
+    """True if `uid` has direct access and may attribute its work to `original_uid`."""
+    config = _config(configs, uid)
+    if not config.has_direct_access:
+        return False
+    return original_uid == uid or config.can_attribute_other_uid
+
+
+class WorkFuture(Future[list[np.ndarray]]):
+    """The outputs of one inference; `cancel()` cancels the work in the driver, queued or
+    running (the runtime's own cancel), and `work_id` names it in the events."""
+
+    def __init__(self, work_id: int, driver: _Canceller, keep: bool) -> None:
+        super().__init__()
+        self.work_id = work_id
+        self.keep = keep
+        self.inline: Any = None
+        """The work, when the submitting thread is to run it itself (`run_inference`)."""
+        self._driver = driver
+
+    def cancel(self) -> bool:
+        """Cancel the work: True if it ended CANCELLED_USER now, False if it had ended."""
+        if self.done():
+            return self.cancelled()
+        try:
+            self._driver.cancel(self.work_id)
+        except LookupError:
+            return self.cancelled()
+        return True
+
+    def cancelled_by_driver(self) -> None:
+        """The driver ended the work cancelled (by the client, a revoke or an unload)."""
+        Future.cancel(self)
+        self.set_running_or_notify_cancel()
+
+    def succeed(self, outputs: list[np.ndarray]) -> None:
+        """The inference completed with `outputs`."""
+        if not self.done():
+            self.set_result(outputs)
+
+    def fail(self, error: BaseException) -> None:
+        """The inference failed (or was refused)."""
+        if not self.done():
+            self.set_exception(error)
+
+
+__all__ = ["Any", "WorkFuture", "effective_priority", "permitted"]
