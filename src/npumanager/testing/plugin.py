@@ -5,6 +5,8 @@ modules, e.g. the cffi extension of `vnpu`) is loaded only when a fixture asks f
 
 - option ``--npu-driver NAME``: the driver a `DriverSuite` subclass without a
   ``driver_name`` runs on;
+- option ``--npu-seed N``: another seed than the suite's fixed one (also in
+  ``PYTEST_ADDOPTS``);
 - fixture ``npu_registry``: the installed plugins (session-scoped);
 - fixture ``npu_driver_record``: the record of ``--npu-driver``;
 - marker ``npu_driver``: documents that a test runs on a vendor driver.
@@ -29,6 +31,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="NAME",
         help="the installed driver a DriverSuite subclass without driver_name runs on",
+    )
+    group.addoption(
+        "--npu-seed",
+        dest="npu_seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the seed of the suite's state machine and random sequences (default: fixed)",
     )
 
 
