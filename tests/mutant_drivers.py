@@ -1,0 +1,486 @@
+"""Deliberately broken drivers: each one realistic bug, on the reference device, through the
+public API as a vendor would build it; each registered on a virtual and on a real clock.
+
+`tests/test_mutants.py` runs the suite's relevant rules on every one and fails if one
+survives. The real clock is `WallClock`: the same engine, stepped to wall time on every
+call, claiming `real_time` instead of `virtual_time`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from npumanager import (
+    DriverCapability,
+    DriverRecord,
+    Engine,
+    EngineDriver,
+    EventKind,
+    IllegalArgumentError,
+    ReferenceEngine,
+    SchedulingConfig,
+)
+from npumanager.core.debounce import Debouncer
+from npumanager.core.driver import validate_configs
+from npumanager.core.scheduler import DeviceScheduler
+from npumanager.schemas import EndReason, StartReason
+from npumanager.vendor_drivers.reference import CAPABILITIES as REFERENCE
+
+REAL_WAIT_LIMIT_US = 30_000_000
+"""How long the wall-clock driver's run_until_idle waits when given no limit."""
+
+
+class MutantDriver(EngineDriver):
+    """A driver on a (possibly broken) reference engine; `engine_class` says which."""
+
+    engine_class: type[ReferenceEngine] = ReferenceEngine
+
+    def _make_engine(self) -> Engine:
+        return self.engine_class(self.specs, self.max_live_work, self.max_models)
+
+
+class WallClock(MutantDriver):
+    """The same device on the real clock: the engine is stepped to wall time at each call."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._t0 = time.monotonic_ns() // 1000
+        super().__init__(*args, **kwargs)
+
+    def _wall(self) -> int:
+        return time.monotonic_ns() // 1000 - self._t0
+
+    def _catch_up(self) -> None:
+        target = self._wall()
+        if target > self.engine.now_us():
+            self.engine.advance_to(target)
+
+    def _open(self) -> None:
+        super()._open()
+        self._catch_up()
+
+    @property
+    def now_us(self) -> int:
+        if not self._closed:
+            self._catch_up()
+        return self.engine.now_us()
+
+    def pump(self) -> None:
+        if not self._closed:
+            self._catch_up()
+        super().pump()
+
+    def advance(self, us: int) -> None:
+        raise RuntimeError("advance() is for the virtual clock; this driver runs on wall time")
+
+    def run_until_idle(self, max_us: int | None = None) -> int:
+        deadline = self._wall() + (REAL_WAIT_LIMIT_US if max_us is None else max_us)
+        while True:
+            self.pump()
+            due = self._next_debounce_due_us()
+            now = self._wall()
+            if (self.engine.idle() and due is None) or now >= deadline:
+                return self.now_us
+            wake = min(self.engine.next_event_us(), deadline, now + 2000)
+            if due is not None:
+                wake = min(wake, due)
+            time.sleep(max(0, wake - now) / 1e6)
+
+
+# Engine bugs --------------------------------------------------------------------------
+
+
+class NoClampEngine(ReferenceEngine):
+    """Adds the job priority unclamped (the firmware ignores min/max)."""
+
+    def _effective(self, uid: int, original_uid: int, job_priority: int) -> int:
+        config = self.configs.get(uid) or SchedulingConfig(uid=uid, app_priority=1000)
+        return config.app_priority + job_priority
+
+
+class ClampAfterAddEngine(ReferenceEngine):
+    """Clamps the sum instead of the job priority."""
+
+    def _effective(self, uid: int, original_uid: int, job_priority: int) -> int:
+        config = self.configs.get(uid) or SchedulingConfig(uid=uid, app_priority=1000)
+        return config.clamp_job_priority(config.app_priority + job_priority)
+
+
+class Ids16BitEngine(ReferenceEngine):
+    """A 16-bit work-id register that wraps."""
+
+    def _event(self, kind: EventKind, reason: int, work: Any, t: int) -> None:
+        super()._event(kind, reason, work, t)
+        if kind == EventKind.REQUESTED and self.next_work_id > 0xFFFF:
+            self.next_work_id = 1
+
+
+class EndedAtArrivalEngine(ReferenceEngine):
+    """Stamps a completion with the time the job was queued (the descriptor's timestamp)."""
+
+    def _event(self, kind: EventKind, reason: int, work: Any, t: int) -> None:
+        if kind == EventKind.REQUESTED:
+            work.queued_at = t
+        if kind == EventKind.ENDED and reason == EndReason.COMPLETED:
+            t = getattr(work, "queued_at", t)
+        super()._event(kind, reason, work, t)
+
+
+class DeviceClockSkewEngine(ReferenceEngine):
+    """Each device stamps with its own clock; device 1's lags by 3 ms."""
+
+    def _event(self, kind: EventKind, reason: int, work: Any, t: int) -> None:
+        super()._event(kind, reason, work, max(0, t - 3000 * work.device))
+
+
+class LifoScheduler(DeviceScheduler[Any]):
+    """Equal priorities of one flow served newest first (a stack, not a queue)."""
+
+    def _push(self, job: Any) -> None:
+        self.queued += 1
+        entry = (job.effective_priority, -job.id, job)
+        if not self.fair:
+            import heapq
+
+            heapq.heappush(self.heap, entry)
+            return
+        from bisect import insort
+
+        insort(self._flow(job.band, job.uid, self.flows).queue, entry)
+
+
+class ResumeAtBackScheduler(DeviceScheduler[Any]):
+    """A paused job is requeued behind the jobs of its priority that arrived after it."""
+
+    def stop(self, job: Any, t: int, *, requeue: bool) -> None:
+        if requeue:
+            job.id += 1_000_000  # the queue key only: ordered as if submitted now
+            super().stop(job, t, requeue=True)
+            job.id -= 1_000_000
+        else:
+            super().stop(job, t, requeue=False)
+
+
+class PausesMostImportantScheduler(DeviceScheduler[Any]):
+    """Pauses the most important running job instead of the least."""
+
+    def victims(self, t: int) -> list[Any]:
+        chosen = super().victims(t)
+        best_first = sorted(self._run(), key=lambda w: (w.effective_priority, w.id))
+        return sorted(best_first[: len(chosen)], key=lambda w: w.channel)
+
+
+class PausesChannelZeroScheduler(DeviceScheduler[Any]):
+    """Pauses the lowest-numbered channels, whatever runs there."""
+
+    def victims(self, t: int) -> list[Any]:
+        chosen = super().victims(t)
+        return sorted(self._run(), key=lambda w: w.channel)[: len(chosen)]
+
+
+def on_scheduler(scheduler: type[DeviceScheduler[Any]]) -> type[ReferenceEngine]:
+    """A reference engine whose devices schedule with `scheduler`."""
+
+    class OnScheduler(ReferenceEngine):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            for dev in self.devices:
+                dev.sched = scheduler(dev.spec)
+
+    OnScheduler.__name__ = scheduler.__name__.replace("Scheduler", "Engine")
+    return OnScheduler
+
+
+class NoRerankEngine(ReferenceEngine):
+    """Takes new configs for new work only; queued work keeps its old rank."""
+
+    def configure(self, configs: Mapping[int, SchedulingConfig]) -> None:
+        self.configs = dict(configs)
+        for dev in self.devices:
+            dev.dirty = True
+
+
+class UnloadFreesLastEngine(ReferenceEngine):
+    """Unload frees the size of the most recently loaded model."""
+
+    def unload_model(self, model: int) -> None:
+        last = self.models[max(self.models)].weight_bytes if self.models else 0
+        found = self._model(model)
+        self.devices[found.device].weight_used += found.weight_bytes - last
+        super().unload_model(model)
+
+
+class PageRoundingEngine(ReferenceEngine):
+    """Accounts loads rounded up to 64-byte pages but frees the exact size."""
+
+    def load_model(self, device: int, weight_bytes: int, sram_bytes: int) -> int:
+        handle = super().load_model(device, weight_bytes, sram_bytes)
+        self.devices[device].weight_used += -weight_bytes % 64
+        return handle
+
+
+class SramCheckLateEngine(ReferenceEngine):
+    """Checks SRAM after accounting the weights, and forgets to undo them."""
+
+    def load_model(self, device: int, weight_bytes: int, sram_bytes: int) -> int:
+        dev = self._device(device)
+        if sram_bytes > dev.spec.sram_bytes and weight_bytes <= dev.spec.weight_memory_bytes:
+            dev.weight_used += weight_bytes
+        return super().load_model(device, weight_bytes, sram_bytes)
+
+
+class CapacityOffByOneEngine(ReferenceEngine):
+    """Refuses a model that exactly fills the free memory."""
+
+    def load_model(self, device: int, weight_bytes: int, sram_bytes: int) -> int:
+        dev = self._device(device)
+        if weight_bytes and weight_bytes == dev.spec.weight_memory_bytes - dev.weight_used:
+            from npumanager import CapacityError
+
+            raise CapacityError("no room")
+        return super().load_model(device, weight_bytes, sram_bytes)
+
+
+class UnloadAsUserEngine(ReferenceEngine):
+    """Ends an unloaded model's work CANCELLED_USER."""
+
+    def _end(self, work: Any, reason: EndReason, t: int) -> None:
+        if reason == EndReason.CANCELLED_SYSTEM:
+            reason = EndReason.CANCELLED_USER
+        super()._end(work, reason, t)
+
+
+class CancelQueuedAsSystemEngine(ReferenceEngine):
+    """A cancel of queued work reports CANCELLED_SYSTEM."""
+
+    def end_work(self, work_id: int, reason: EndReason) -> None:
+        work = self.work.get(work_id)
+        if work is not None and work.channel < 0 and reason == EndReason.CANCELLED_USER:
+            reason = EndReason.CANCELLED_SYSTEM
+        super().end_work(work_id, reason)
+
+
+class AllowsEveryoneEngine(ReferenceEngine):
+    """Never checks direct access or attribution."""
+
+    def _permitted(self, uid: int, original_uid: int) -> bool:
+        return True
+
+
+class IgnoresAttributionEngine(ReferenceEngine):
+    """Checks direct access but lets any uid attribute another."""
+
+    def _permitted(self, uid: int, original_uid: int) -> bool:
+        return super()._permitted(uid, uid)
+
+
+class NeverPreemptsEngine(ReferenceEngine):
+    """The running job keeps its channel."""
+
+    def _marked(self, dev: Any) -> list[Any]:
+        return []
+
+
+class ResumedAsInitialEngine(ReferenceEngine):
+    """Reports a resume as an initial start."""
+
+    def _event(self, kind: EventKind, reason: int, work: Any, t: int) -> None:
+        if kind == EventKind.STARTED and reason == StartReason.RESUMED:
+            reason = StartReason.INITIAL
+        super()._event(kind, reason, work, t)
+
+
+class AllOnDeviceZeroEngine(ReferenceEngine):
+    """Reports every event as on device 0."""
+
+    def _event(self, kind: EventKind, reason: int, work: Any, t: int) -> None:
+        device, work.device = work.device, 0
+        super()._event(kind, reason, work, t)
+        work.device = device
+
+
+class ReportsUidPriorityEngine(ReferenceEngine):
+    """Schedules right but reports the uid's priority as the effective one."""
+
+    def _event(self, kind: EventKind, reason: int, work: Any, t: int) -> None:
+        saved = work.effective_priority
+        work.effective_priority = saved - min(saved, work.job_priority)
+        super()._event(kind, reason, work, t)
+        work.effective_priority = saved
+
+
+# Driver bugs --------------------------------------------------------------------------
+
+
+class AppliesBeforeValidating(MutantDriver):
+    """Applies each config to the device as it reads it, then finds the bad one."""
+
+    def set_scheduling_configs(self, configs: Iterable[Any]) -> None:
+        items, good = list(configs), dict(self._configs)
+        for item in items:
+            try:
+                config = validate_configs([item])[0]
+            except IllegalArgumentError:
+                break
+            good[config.uid] = config
+            self._apply_configs(good)
+        super().set_scheduling_configs(items)
+
+    update_scheduling_configs = set_scheduling_configs  # type: ignore[assignment]
+
+
+class UpdateSendsOnlyNew(MutantDriver):
+    """Update stores the merged set but sends the device only the configs named."""
+
+    def update_scheduling_configs(self, configs: Iterable[Any]) -> None:
+        valid = validate_configs(configs)
+        given = {c.uid: c for c in valid}
+        self._apply_configs(given)
+        self._configs = {**self._configs, **given}
+
+
+class _FastDebouncer(Debouncer):
+    def __init__(self, window_ms: int) -> None:
+        super().__init__(window_ms)
+        self._window_us = window_ms * 100  # a units slip: 100 us per "ms"
+
+
+class DebounceUnits(MutantDriver):
+    """Holds Ended for a tenth of the window."""
+
+    def set_callback(self, callback: Any, debounce_duration_ms: int = 50) -> None:
+        super().set_callback(callback, debounce_duration_ms)
+        self._debouncer = _FastDebouncer(debounce_duration_ms)
+
+
+class _LeakyDebouncer(Debouncer):
+    def feed(self, events: Iterable[Any]) -> list[Any]:
+        events = list(events)
+        out = super().feed(events)
+        passed = {(e.kind, e.id) for e in out}
+        leaked = [e for e in events if e.kind != EventKind.ENDED and (e.kind, e.id) not in passed]
+        return sorted(out + leaked, key=lambda e: (e.time_us, e.id))
+
+
+class DebounceNoSuppress(MutantDriver):
+    """Holds Ended but passes every Requested and Started."""
+
+    def set_callback(self, callback: Any, debounce_duration_ms: int = 50) -> None:
+        super().set_callback(callback, debounce_duration_ms)
+        self._debouncer = _LeakyDebouncer(debounce_duration_ms)
+
+
+class NullCallbackIgnored(MutantDriver):
+    """set_callback(None) keeps the old callback."""
+
+    def set_callback(self, callback: Any, debounce_duration_ms: int = 50) -> None:
+        if callback is not None:
+            super().set_callback(callback, debounce_duration_ms)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One broken driver: its bug, its class, and the rules that must catch it."""
+
+    name: str
+    driver: type[MutantDriver]
+    rules: tuple[str, ...]
+
+
+def engine(cls: type[ReferenceEngine]) -> type[MutantDriver]:
+    """The driver on a broken engine."""
+    return type(cls.__name__.replace("Engine", "Driver"), (MutantDriver,), {"engine_class": cls})
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant("no-clamp", engine(NoClampEngine), ("test_ClampJobPriority",)),
+    Mutant("clamp-after-add", engine(ClampAfterAddEngine), ("test_ClampJobPriority",)),
+    Mutant("ids-16-bit", engine(Ids16BitEngine), ("test_WorkIdsPast65536",)),
+    Mutant("ended-at-arrival", engine(EndedAtArrivalEngine), ("test_TimestampsNeverDecrease",)),
+    Mutant("device-clock-skew", engine(DeviceClockSkewEngine), ("test_TimestampsNeverDecrease",)),
+    Mutant("lifo", engine(on_scheduler(LifoScheduler)), ("test_FifoWithinUid",)),
+    Mutant("resume-at-back", engine(on_scheduler(ResumeAtBackScheduler)), ("test_FifoAfterPause",)),
+    Mutant(
+        "pauses-most-important",
+        engine(on_scheduler(PausesMostImportantScheduler)),
+        ("test_PausesLeastImportant",),
+    ),
+    Mutant(
+        "pauses-channel-zero",
+        engine(on_scheduler(PausesChannelZeroScheduler)),
+        ("test_PausesLeastImportant",),
+    ),
+    Mutant("no-rerank", engine(NoRerankEngine), ("test_QueuedWorkReranked",)),
+    Mutant("unload-frees-last", engine(UnloadFreesLastEngine), ("test_UnloadFreesItsBytes",)),
+    Mutant("page-rounding", engine(PageRoundingEngine), ("test_MemoryAccounting",)),
+    Mutant(
+        "sram-check-late", engine(SramCheckLateEngine), ("test_CapacityErrorLeavesNothingLoaded",)
+    ),
+    Mutant("capacity-off-by-one", engine(CapacityOffByOneEngine), ("test_UnloadFreesItsBytes",)),
+    Mutant("unload-as-user", engine(UnloadAsUserEngine), ("test_UnloadCancelsItsWork",)),
+    Mutant(
+        "cancel-queued-as-system", engine(CancelQueuedAsSystemEngine), ("test_CancelSemantics",)
+    ),
+    Mutant(
+        "allows-everyone",
+        engine(AllowsEveryoneEngine),
+        ("test_RunInferenceFailsWithoutDirectAccess",),
+    ),
+    Mutant(
+        "ignores-attribution",
+        engine(IgnoresAttributionEngine),
+        ("test_RunInferenceFailsWithoutAttributeOtherUid",),
+    ),
+    Mutant("never-preempts", engine(NeverPreemptsEngine), ("test_RunInferencesPrioritized",)),
+    Mutant("resumed-as-initial", engine(ResumedAsInitialEngine), ("test_PausedResumedPairing",)),
+    Mutant(
+        "all-on-device-zero", engine(AllOnDeviceZeroEngine), ("test_DeviceNumberingMultiDevice",)
+    ),
+    Mutant(
+        "reports-uid-priority",
+        engine(ReportsUidPriorityEngine),
+        ("test_RunInferenceEffectivePriority",),
+    ),
+    Mutant(
+        "applies-before-validating",
+        AppliesBeforeValidating,
+        ("test_RejectedConfigsKeepScheduling",),
+    ),
+    Mutant("update-sends-only-new", UpdateSendsOnlyNew, ("test_UpdateUpsertsByBehaviour",)),
+    Mutant("debounce-units", DebounceUnits, ("test_DebounceHoldsEnded",)),
+    Mutant("debounce-no-suppress", DebounceNoSuppress, ("test_DebounceSuppressesWithinWindow",)),
+    Mutant("null-callback-ignored", NullCallbackIgnored, ("test_SetCallbackNull",)),
+)
+"""Every mutant; `rules` are the tests run on it (the suite's others may catch it too)."""
+
+VIRTUAL = REFERENCE
+REAL = (REFERENCE - {DriverCapability.VIRTUAL_TIME}) | {DriverCapability.REAL_TIME}
+
+
+def on_wall_clock(driver: type[MutantDriver]) -> type[MutantDriver]:
+    """The same driver on the real clock."""
+    return type(driver.__name__ + "OnWallClock", (WallClock, driver), {})
+
+
+def records() -> list[DriverRecord]:
+    """Each mutant registered twice: `mutant-<name>-virtual` and `mutant-<name>-real`."""
+    out = []
+    for m in MUTANTS:
+        for clock, factory, caps in (
+            ("virtual", m.driver, VIRTUAL),
+            ("real", on_wall_clock(m.driver), REAL),
+        ):
+            out.append(
+                DriverRecord(
+                    name=f"mutant-{m.name}-{clock}",
+                    factory=factory,
+                    capabilities=caps,
+                    description=(m.driver.__doc__ or m.name).strip().splitlines()[0],
+                )
+            )
+    return out
+
+
+Factory = Callable[..., Any]
