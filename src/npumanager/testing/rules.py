@@ -147,7 +147,7 @@ RULES: tuple[Rule, ...] = (
         "on several channels, pause the least important running job",
     ),
     Rule(
-        "CancelSemantics",
+        "Cancel",
         "test_CancelSemantics",
         ALL,
         "cancel ends queued or running work CANCELLED_USER; stale ids are a LookupError",
