@@ -191,7 +191,7 @@ def test_the_state_machine_reaches_every_feature_from_its_fixed_seed() -> None:
     reached = check_against_reference(ReferenceDriver)
     print("fraction of examples reaching each:", reached)
     assert set(reached) == set(FEATURES)
-    assert all(fraction > 0 for fraction in reached.values()), reached
+    assert all(fraction >= 0.2 for fraction in reached.values()), reached
     assert check_against_reference(ReferenceDriver) == reached, "the same seed, the same run"
 
 

@@ -10,6 +10,7 @@ and resume, revocation, refusal for capacity, throttling and shutdown (`FEATURES
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,20 @@ def _features(events: list[WorkEvent]) -> set[str]:
         elif e.kind == EventKind.ENDED and e.reason == EndReason.CANCELLED_SYSTEM:
             found.add("revocation")
     return found
+
+
+OPS_WEIGHTS = (
+    ("submit", 30),
+    ("advance", 20),
+    ("configure", 8),
+    ("load", 8),
+    ("cancel", 8),
+    ("unload", 6),
+    ("heat", 6),
+    ("run_until_idle", 4),
+)
+"""The ops a step draws from, and how often."""
+OPS = [op for op, _ in OPS_WEIGHTS]
 
 
 def _error_kind(exc: BaseException) -> str:
@@ -105,23 +120,19 @@ def check_against_reference(
             )
             return got[1], want[1]
 
-        @initialize()
-        def busy_device(self) -> None:
+        @initialize(program=st.integers(0, 2**64 - 1))
+        def busy_device(self, program: int) -> None:
             """A model, and both channels busy with long unimportant work: what arrives
-            later preempts it, and the rules that follow resume, revoke or refuse."""
+            later preempts it, and the steps that follow resume, revoke or refuse. The
+            steps are drawn from `program` (hypothesis shrinks it and the step count)."""
+            self.rng = random.Random(program)
             for uid, app in zip(UIDS, (0, 100, 400), strict=False):
                 self.configure(uid, app, True, False)
             self.load(100, 0)
             for _ in range(2):
-                self.submit(0, UIDS[-1], None, 1000, 20_000_000)
+                self.submit(0, UIDS[-1], None, 1000, 200_000_000)
             self.advance(250)
 
-        @rule(
-            uid=st.sampled_from(UIDS),
-            app=st.sampled_from([0, 100, 400, 1000]),
-            direct=st.sampled_from([True, True, False]),
-            attribute=st.booleans(),
-        )
         def configure(self, uid: int, app: int, direct: bool, attribute: bool) -> None:
             config = SchedulingConfig(
                 uid=uid,
@@ -134,7 +145,6 @@ def check_against_reference(
                 lambda d: d.update_scheduling_configs([config]),
             )
 
-        @rule(weight=st.sampled_from([1, 100, 600]), sram=st.sampled_from([0, 300, 1200]))
         def load(self, weight: int, sram: int) -> None:
             got, want = self.both(
                 f"load_model(0, weight_bytes={weight}, sram_bytes={sram})",
@@ -145,13 +155,6 @@ def check_against_reference(
             elif isinstance(self.oracle_error, CapacityError):
                 self.reached.add("capacity_refusal")
 
-        @rule(
-            index=st.integers(0, 3),
-            uid=st.sampled_from(UIDS),
-            original=st.sampled_from([None, *UIDS]),
-            priority=st.sampled_from([0, 500, 250, 1000]),
-            cost=st.sampled_from([2_000_000, 20_000_000, 100_000, 1]),
-        )
         def submit(
             self, index: int, uid: int, original: int | None, priority: int, cost: int
         ) -> None:
@@ -170,7 +173,6 @@ def check_against_reference(
             )
             self.works.append((got, want))
 
-        @rule(index=st.integers(0, 8))
         def cancel(self, index: int) -> None:
             if index >= len(self.works):
                 return
@@ -180,7 +182,6 @@ def check_against_reference(
                 lambda d: d.cancel(mine if d is self.driver else theirs),
             )
 
-        @rule(index=st.integers(0, 3))
         def unload(self, index: int) -> None:
             if index >= len(self.models):
                 return
@@ -190,18 +191,50 @@ def check_against_reference(
                 lambda d: d.unload_model(mine if d is self.driver else theirs),
             )
 
-        @rule(us=st.sampled_from([5000, 1000, 250, 30_000, 1]))
         def advance(self, us: int) -> None:
             self.both(f"advance({us})", lambda d: d.advance(us))
 
-        @rule()
         def run_until_idle(self) -> None:
             self.both("run_until_idle()", lambda d: d.run_until_idle())
 
-        @rule(mc=st.sampled_from([5_000, 40_000, 80_000]))
         def heat(self, mc: int) -> None:
             if thermal:
                 self.both(f"add_heat(0, {mc})", lambda d: d.add_heat(0, mc))
+
+        @rule()
+        def step(self) -> None:
+            """One op, drawn by weight, with its arguments, from the example's program."""
+            r = self.rng
+            op = r.choices(
+                OPS, weights=[w if thermal or o != "heat" else 0 for o, w in OPS_WEIGHTS]
+            )
+            if op[0] == "configure":
+                self.configure(
+                    r.choice(UIDS),
+                    r.choice((0, 100, 400, 1000)),
+                    r.random() < 0.8,
+                    r.random() < 0.5,
+                )
+            elif op[0] == "load":
+                self.load(r.choice((1, 100, 600)), r.choice((0, 300, 1200)))
+            elif op[0] == "submit":
+                self.submit(
+                    r.randrange(4),
+                    r.choice(UIDS),
+                    r.choice((None, None, *UIDS)),
+                    r.choice((0, 250, 500, 1000)),
+                    r.choice((1, 100_000, 2_000_000, 20_000_000)),
+                )
+            elif op[0] == "cancel":
+                self.cancel(r.randrange(9))
+            elif op[0] == "unload":
+                self.unload(r.randrange(4))
+            elif op[0] == "advance":
+                self.advance(r.choice((1, 250, 1000, 5000, 30_000)))
+            elif op[0] == "run_until_idle":
+                self.run_until_idle()
+            else:
+                self.heat(r.choice((5_000, 20_000, 40_000, 80_000)))
 
         def translate(self, event: WorkEvent, side: int) -> tuple[Any, ...]:
             """The event with its work id replaced by the work's index (side 0: the driver)."""
