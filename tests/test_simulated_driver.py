@@ -24,6 +24,7 @@ from npumanager.errors import (
     UnknownWorkError,
 )
 from npumanager.schemas.device import DeviceSpec, ThermalSpec
+from npumanager.testing.base import lifecycle
 from npumanager.vendor_drivers.reference import ReferenceDriver
 from npumanager.vendor_drivers.simulated import SimulatedDriver
 
@@ -56,18 +57,8 @@ def make(request: pytest.FixtureRequest) -> Callable[..., SimulatedDriver]:
         driver.close()
 
 
-def kinds(events: list[WorkEvent], work: int) -> list[tuple[str, str]]:
-    out = []
-    for e in events:
-        if e.id != work:
-            continue
-        if e.kind == EventKind.REQUESTED:
-            out.append(("REQUESTED", ""))
-        elif e.kind == EventKind.STARTED:
-            out.append(("STARTED", StartReason(e.reason).name))
-        else:
-            out.append(("ENDED", EndReason(e.reason).name))
-    return out
+kinds = lifecycle
+"""(kind, reason name) of one work id's events: the suite's helper."""
 
 
 def end_reason(events: list[WorkEvent], work: int) -> EndReason:
