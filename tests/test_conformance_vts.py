@@ -205,3 +205,15 @@ def test_the_seed_is_an_option_and_pytest_addopts_is_respected(
         pytest_args=("-k", "MatchesReferenceDevice or MemoryAccounting"),
     )
     assert [r.outcome for r in results] == [PASS, PASS], output
+
+
+def test_every_message_of_a_test_starts_with_its_rule() -> None:
+    import inspect
+    import re
+
+    from npumanager.testing.suite import DriverSuite
+
+    for rule in RULES:
+        source = inspect.getsource(getattr(DriverSuite, rule.test))
+        prefixes = set(re.findall(r'f?"([A-Z][A-Za-z0-9]+): ', source))
+        assert prefixes <= {rule.rule}, (rule.test, prefixes)

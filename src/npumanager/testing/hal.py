@@ -38,7 +38,8 @@ class HalRules(SuiteBase):
         ]
         driver.set_scheduling_configs(configs)
         assert driver.scheduling_configs == {c.uid: c for c in configs}, (
-            "SetSchedulingConfigs: valid configs must be accepted and held, one per uid"
+            "SetSchedulingConfigs: expected the valid configs held, one per uid; got "
+            f"{driver.scheduling_configs}"
         )
         work = self.one_inference(driver, uid=20, job_priority=7)
         effective = {e.effective_priority for e in driver.take_events() if e.id == work}
@@ -60,7 +61,8 @@ class HalRules(SuiteBase):
                         "as an illegal argument"
                     )
         assert driver.scheduling_configs == {1: good}, (
-            "SetSchedulingConfigsInvalidPriority: a rejected set must change nothing"
+            "SetSchedulingConfigsInvalidPriority: expected a rejected set to change nothing, "
+            f"{ {1: good} }; got {driver.scheduling_configs}"
         )
 
     def test_SetSchedulingConfigsDuplicateUid(self, make: Callable[..., Driver]) -> None:
@@ -76,7 +78,8 @@ class HalRules(SuiteBase):
                     "rejected as an illegal argument"
                 )
         assert driver.scheduling_configs == {1: good}, (
-            "SetSchedulingConfigsDuplicateUid: a rejected set must change nothing"
+            "SetSchedulingConfigsDuplicateUid: expected a rejected set to change nothing, "
+            f"{ {1: good} }; got {driver.scheduling_configs}"
         )
 
     def test_UpdateSchedulingConfigs(self, make: Callable[..., Driver]) -> None:
@@ -91,11 +94,13 @@ class HalRules(SuiteBase):
         )
         driver.set_scheduling_configs([SchedulingConfig(uid=3, app_priority=300)])
         assert sorted(driver.scheduling_configs) == [3], (
-            "UpdateSchedulingConfigs: set must replace the whole set"
+            f"UpdateSchedulingConfigs: expected set to replace the whole set, [3]; got "
+            f"{sorted(driver.scheduling_configs)}"
         )
         driver.set_scheduling_configs([])
         assert driver.scheduling_configs == {}, (
-            "UpdateSchedulingConfigs: an empty set must clear every config"
+            f"UpdateSchedulingConfigs: expected an empty set to clear every config; got "
+            f"{driver.scheduling_configs}"
         )
 
     def effective_of(self, driver: Driver, uid: int, job_priority: int = 0) -> int:
@@ -172,16 +177,18 @@ class HalRules(SuiteBase):
             f"SetCallback: the callback set must get the work's events; got {first.of(work)}"
         )
         assert all(isinstance(info, WorkInfo) for _, info, _ in first.calls), (
-            "SetCallback: the callback must get WorkInfo records"
+            "SetCallback: expected WorkInfo records; got "
+            f"{[type(i).__name__ for _, i, _ in first.calls]}"
         )
         driver.set_callback(second, debounce_duration_ms=0)
         calls = len(first.calls)
         later = self.one_inference(driver, uid=10)
         assert len(first.calls) == calls, (
-            "SetCallback: the driver holds one callback; the replaced one must get nothing more"
+            f"SetCallback: expected the replaced callback to get nothing more; got "
+            f"{first.calls[calls:]}"
         )
         assert [c for c, _ in second.of(later)] == ["requested", "started", "ended"], (
-            "SetCallback: the new callback must get the events"
+            f"SetCallback: expected the new callback to get the events; got {second.of(later)}"
         )
 
     def test_SetCallbackNull(self, make: Callable[..., Driver]) -> None:
@@ -191,7 +198,7 @@ class HalRules(SuiteBase):
         driver.set_callback(None)
         work = self.one_inference(driver, uid=10)
         assert recorder.calls == [], (
-            "SetCallbackNull: after set_callback(None) no callback may be called"
+            f"SetCallbackNull: expected no call after set_callback(None); got {recorder.calls}"
         )
         assert lifecycle(driver.take_events(), work) == [
             ("REQUESTED", ""),
@@ -231,7 +238,9 @@ class HalRules(SuiteBase):
                     "RunInferenceStatusCallbacks: effectivePriority must be >= the uid's "
                     f"priority {100 * (i + 1)}; got {info.effective_priority}"
                 )
-                assert info.uid == 10 + i, "RunInferenceStatusCallbacks: uid as submitted"
+                assert info.uid == 10 + i, (
+                    f"RunInferenceStatusCallbacks: expected uid {10 + i}; got {info.uid}"
+                )
         stamps = [info.timestamp_ms for _, info, _ in recorder.calls]
         assert stamps == sorted(stamps), (
             f"RunInferenceStatusCallbacks: timestamps must never decrease; got {stamps}"
@@ -327,5 +336,6 @@ class HalRules(SuiteBase):
         )
         info = next(e for e in events if e.id == allowed)
         assert (info.uid, info.original_uid) == (20, 30), (
-            "RunInferenceFailsWithoutAttributeOtherUid: uid and originalUid as submitted"
+            "RunInferenceFailsWithoutAttributeOtherUid: expected uid and originalUid (20, 30) as "
+            f"submitted; got {(info.uid, info.original_uid)}"
         )

@@ -64,11 +64,13 @@ class OrderRules(SuiteBase):
         assert not errors, f"ConcurrentSubmittersIdOrder: submit raised {errors[0]!r}"
         self.settle(driver)
         assert len(set(returned)) == len(returned) == 100, (
-            "ConcurrentSubmittersIdOrder: every submit must get its own work id"
+            "ConcurrentSubmittersIdOrder: expected 100 distinct work ids; got "
+            f"{len(set(returned))} distinct of {len(returned)}"
         )
         if not self.thread_safe:
             assert returned == sorted(returned), (
-                "ConcurrentSubmittersIdOrder: ids must strictly increase in submission order"
+                "ConcurrentSubmittersIdOrder: expected ids strictly increasing in submission "
+                f"order; got {returned}"
             )
         events = driver.take_events()
         requested = [e.id for e in events if e.kind == EventKind.REQUESTED]
@@ -77,7 +79,8 @@ class OrderRules(SuiteBase):
             "id order, one per submit"
         )
         assert all(final_reason(events, w) == EndReason.COMPLETED for w in returned), (
-            "ConcurrentSubmittersIdOrder: all the work must complete"
+            "ConcurrentSubmittersIdOrder: expected all the work to complete; got "
+            f"{ {w: final_reason(events, w) for w in returned} }"
         )
 
     def test_WorkIdsPast65536(self, make: Callable[..., Driver]) -> None:
@@ -233,7 +236,7 @@ class OrderRules(SuiteBase):
             ("ENDED", "CANCELLED_USER"),
         ], f"Cancel: running work must end CANCELLED_USER; got {lifecycle(events, running)}"
         assert final_reason(events, third) == EndReason.COMPLETED, (
-            "Cancel: the other work must still run"
+            f"Cancel: expected the other work to complete; got {final_reason(events, third)}"
         )
         for stale in (queued, 999_999):
             with pytest.raises(LookupError):
@@ -255,17 +258,18 @@ class OrderRules(SuiteBase):
         order = completion_order(driver.take_events())
         for works in (first, second):
             assert [w for w in order if w in works] == works, (
-                f"FifoWithinUid: one uid's work of one priority must complete in submission "
+                f"ShareBetweenUids: one uid's work of one priority must complete in submission "
                 f"order; completion order {order}, the uid's {works}"
             )
         if DriverCapability.FAIR_SHARE in self._caps:
             assert order.index(second[0]) < order.index(first[2]), (
-                "FairShare: two uids of equal priority must share the device; the second "
+                "ShareBetweenUids: under fair_share two uids of equal priority must share the "
+                "device; the second "
                 f"uid's first job must not wait for the first uid's backlog; order {order}"
             )
         else:
             assert order == first + second, (
-                "StrictFifo: without fair_share, equal priorities run in submission order "
+                "ShareBetweenUids: without fair_share, equal priorities run in submission order "
                 f"across uids; completion order {order}, submitted {first + second}"
             )
 
@@ -283,7 +287,8 @@ class OrderRules(SuiteBase):
         self.settle(driver)
         order = completion_order(driver.take_events())
         assert order.index(low) < order.index(busy[-1]), (
-            "Floor: a lower band with waiting work must get its floor share while a more "
+            "FloorForLowerBands: a lower band with waiting work must get its floor share while "
+            "a more "
             f"important band keeps the device busy; completion order {order}, low={low}"
         )
 
@@ -317,4 +322,7 @@ class OrderRules(SuiteBase):
                 f"got {got}"
             )
             paused += len(pairs)
-        assert paused > 0, "PausedResumed: more important work arriving must pause running work"
+        assert paused > 0, (
+            "PausedResumed: expected more important work arriving to pause running work; "
+            "got no pause"
+        )

@@ -37,7 +37,8 @@ class ResourceRules(SuiteBase):
         recorder = Recorder()
         driver.set_callback(recorder)
         assert driver.debounce_duration_ms == 50, (
-            "Debounce: set_callback's default debounce_duration_ms must be 50"
+            "Debounce: expected set_callback's default debounce_duration_ms 50; got "
+            f"{driver.debounce_duration_ms}"
         )
         model = driver.load_model(0, weight_bytes=1 << 10)
         works = [driver.submit(model, uid=5, cost_cycles=self.cycles(driver, 40))]
@@ -57,12 +58,14 @@ class ResourceRules(SuiteBase):
             f"after the window, one Ended; got {names}"
         )
         assert recorder.calls[0][1].id == works[0], (
-            "Debounce: the Requested sent must be the first work's"
+            f"Debounce: expected the Requested sent to be work {works[0]}'s; got "
+            f"{recorder.calls[0][1].id}"
         )
         driver.submit(model, uid=6, cost_cycles=self.cycles(driver, 2))
         self.settle(driver)
         assert [name for name, _, _ in recorder.calls][3:] == ["requested", "started", "ended"], (
-            "Debounce: the window is per uid; another uid's work must be reported"
+            "Debounce: the window is per uid; expected another uid's work reported; got "
+            f"{[name for name, _, _ in recorder.calls][3:]}"
         )
 
     def ended_delivery(self, driver: Driver, recorder: Recorder, work: int) -> tuple[int, int]:
@@ -113,18 +116,20 @@ class ResourceRules(SuiteBase):
         driver = make()
         recorder = Recorder()
         driver.set_callback(recorder, debounce_duration_ms=0)
-        assert driver.debounce_duration_ms == 0, "Debounce: a window of 0 must be held"
+        assert driver.debounce_duration_ms == 0, (
+            f"DebounceZero: expected a window of 0 held; got {driver.debounce_duration_ms}"
+        )
         model = driver.load_model(0, weight_bytes=1 << 10)
         works = [driver.submit(model, uid=5, cost_cycles=self.cycles(driver, 2)) for _ in range(3)]
         self.settle(driver)
         for work in works:
             assert [c for c, _ in recorder.of(work)] == ["requested", "started", "ended"], (
-                "Debounce: with a window of 0 every event must be delivered; "
+                "DebounceZero: with a window of 0 every event must be delivered; "
                 f"work {work} got {recorder.of(work)}"
             )
         with pytest.raises(IllegalArgumentError):
             driver.set_callback(recorder, debounce_duration_ms=-1)
-            pytest.fail("Debounce: a negative window must be an illegal argument")
+            pytest.fail("DebounceZero: a negative window must be an illegal argument")
 
     def test_UnloadFreesItsBytes(self, make: Callable[..., Driver]) -> None:
         driver = make([SMALL])
@@ -215,10 +220,11 @@ class ResourceRules(SuiteBase):
         assert (after.weight_memory_used_bytes, after.models_loaded) == (
             before.weight_memory_used_bytes,
             before.models_loaded,
-        ), "Capacity: a refused load must leave nothing half-loaded"
+        ), f"Capacity: expected a refused load to leave nothing half-loaded; got {after}"
         driver.load_model(0, weight_bytes=400)
         assert driver.device_state(0).weight_memory_used_bytes == 1000, (
-            "Capacity: exactly the free space must still fit after refused loads"
+            "Capacity: expected exactly the free space to fit after refused loads; got "
+            f"{driver.device_state(0).weight_memory_used_bytes} of 1000 used"
         )
 
     def check_numbering(self, driver: Driver, count: int) -> None:
