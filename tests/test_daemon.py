@@ -475,7 +475,7 @@ def test_cli_verbs_against_a_running_daemon(start: Callable[..., DaemonProcess])
         "params": {"max_budget": 8, "weights": [1, 2, 4]},
     }
     assert run_cli("set-importance", "10123", "foreground", "--socket", sock).stdout == (
-        "uid 10123 importance is now 100\n"
+        "uid 10123 importance is now FOREGROUND (100)\n"
     )
     access = run_cli("set-access", "10123", "--attribute-other-uid", "--socket", sock)
     assert access.returncode == 0, access.stderr
@@ -569,13 +569,22 @@ def test_serve_rejects_a_bad_sink_in_one_line(socket_dir: Path, spec: str) -> No
         (["set-importance", "10123", "VERY"], "importance must be one of FOREGROUND"),
         (["set-importance", "10123", "1001"], "a number 0..1000"),
         (["set-access", "10123"], "say what to change"),
+        (["set-importance", "99999999999", "FOREGROUND"], "UID must be a uid 0..2147483647"),
+        (["set-importance", "--", "-5", "FOREGROUND"], "UID must be a uid 0..2147483647; got -5"),
+        (["set-access", "99999999999", "--direct-access"], "UID must be a uid 0..2147483647"),
+        (["info", "--timeout", "0"], "--timeout must be more than 0"),
     ],
 )
 def test_cli_verbs_reject_bad_input_in_one_line(
     start: Callable[..., DaemonProcess], args: list[str], message: str
 ) -> None:
     daemon = start()
-    result = run_cli(*args, "--socket", str(daemon.socket))
+    if "--" in args:  # options go before the end of options
+        at = args.index("--")
+        args = [*args[:at], "--socket", str(daemon.socket), *args[at:]]
+    else:
+        args = [*args, "--socket", str(daemon.socket)]
+    result = run_cli(*args)
     assert result.returncode == 2, result
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("npu-manager: error: "), result.stderr
@@ -666,3 +675,32 @@ def test_a_failed_call_is_an_error_reply_and_the_connection_stays(
         "message": "request 9 is not a live request of this client",
     }
     assert replies[2]["op"] == "reply" and replies[2]["seq"] == 6
+
+
+def test_daemon_verbs_check_the_socket_and_give_up_after_their_timeout(socket_dir: Path) -> None:
+    empty = run_cli("info", "--socket", "")
+    assert empty.returncode == 2
+    assert "--socket must name the daemon's socket file; got an empty path" in empty.stderr
+    # A socket that accepts and never answers: the verb gives up after --timeout.
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.bind(str(socket_dir / "silent.sock"))
+    silent.listen(1)
+    try:
+        started = time.monotonic()
+        result = run_cli("info", "--socket", str(socket_dir / "silent.sock"), "--timeout", "0.5")
+        assert result.returncode == 2, result
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert time.monotonic() - started < 20, "it gave up long before the 30 s default"
+    finally:
+        silent.close()
+
+
+def test_an_undeclared_feature_is_one_clean_log_line(start: Callable[..., DaemonProcess]) -> None:
+    daemon = start()
+    request = {"op": "request", "seq": 1, "request": {"id": 1, "size": 0, "priority": 0}}
+    _raw_exchange(daemon.socket, [HELLO, _frame(request)], expect=3)
+    assert daemon.stop() == 0
+    lines = [line for line in daemon.log().splitlines() if "without declaring" in line]
+    assert len(lines) == 1, daemon.log()
+    assert "FeatureWarning: uid 0 uses the NPU without declaring the feature" in lines[0]
+    assert "warnings.warn" not in daemon.log() and ".py:" not in daemon.log()

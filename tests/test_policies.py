@@ -376,6 +376,21 @@ def test_work_completion_hands_the_turn_to_an_equal_uid_waiting() -> None:
     ]
 
 
+def test_a_waiting_request_of_an_equal_uid_takes_the_turn_too() -> None:
+    """WAITING both holds budget and waits: turn taking must count it (it once did not)."""
+    for policy in (BudgetPolicy((2, 3, 5), 6), NaiveBudgetPolicy((2, 3, 5), 6)):
+        arbiter = ranked(policy, b=Importance.FOREGROUND, c=Importance.FOREGROUND)
+        arbiter.request(0, 1, A, req(1))
+        arbiter.notify_loaded(0, 1, 1)
+        arbiter.request(0, 2, B, req(2))
+        arbiter.notify_loaded(0, 2, 2)
+        arbiter.request(0, 3, C, req(3, MID))
+        assert arbiter.state_of(3, 3) is RequestState.WAITING
+        assert kinds(arbiter.work_ended(1, B, EndReason.COMPLETED)) == [
+            ("unload", 2, 2, UnloadReason.TURN_TAKING)
+        ]
+
+
 def test_no_turn_taking_without_an_equal_uid_that_waits() -> None:
     arbiter = ranked(
         budget({"max_budget": 1, "weights": [1, 1, 1]}), a=Importance.SERVICE, b=Importance.CACHED

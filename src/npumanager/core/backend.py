@@ -24,6 +24,8 @@ from npumanager.errors import (
     FeatureWarning,
     NpuPermissionError,
     RequestStateError,
+    UnknownModelError,
+    UnknownRequestError,
 )
 from npumanager.schemas import ModelLoadRequest, ModelPolicy
 from npumanager.telemetry import ModelLoadState
@@ -212,6 +214,25 @@ class LocalBackend:
             d.requests.check_model(model)
             d.requests.check_work(model, work_id)
             d.driver.cancel(work_id)
+
+    def live_request(self, manager: NpuManager, request_id: int) -> ModelLoadRequest:
+        """The manager's live request with this id (`UnknownRequestError` otherwise)."""
+        d = self._d
+        with d.lock:
+            record = d.requests.get(RequestKey(manager.client, request_id))
+        if record is None:
+            raise UnknownRequestError(f"request {request_id} is not a live request of this client")
+        return record.request
+
+    def loaded_model(self, manager: NpuManager, request_id: int, handle: int) -> LoadedModel:
+        """The model `handle` that the manager loaded under a live request."""
+        d = self._d
+        with d.lock:
+            record = d.requests.get(RequestKey(manager.client, request_id))
+            for model in record.models if record is not None else ():
+                if model.handle == handle:
+                    return model
+        raise UnknownModelError(f"model {handle} is not loaded by this client")
 
     def _check_feature(self, manager: NpuManager) -> None:
         if manager.uses_feature:

@@ -1,7 +1,8 @@
-"""What each client call does: the service's API, on behalf of one connection.
+"""What each client call does: the service's backend interface, for one connection.
 
-Requests and models are looked up among the connection's own, so a client acts only on
-what it made; the management calls check the kernel's credentials first.
+The service holds the one record of each request and model; a connection keeps only the
+ids it may name on the wire, so a client acts only on what it made. The management calls
+check the kernel's credentials first.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Calls:
         self, service: Service, post: Callable[[Task], None], management_group: int | None
     ) -> None:
         self.service = service
+        self.backend = service.backend
         self._post = post
         self.management_group = management_group
         self.handlers: dict[type[p.Call], Handler] = {
@@ -51,10 +53,15 @@ class Calls:
         return connection.manager
 
     def _live(self, connection: Connection, request_id: int) -> ModelLoadRequest:
-        request = connection.requests.get(request_id)
-        if request is None:
+        if request_id not in connection.requests:
             raise UnknownRequestError(f"request {request_id} is not a live request of this client")
-        return request
+        return self.backend.live_request(self._manager_of(connection), request_id)
+
+    def _model(self, connection: Connection, handle: int) -> LoadedModel:
+        request_id = connection.models.get(handle)
+        if request_id is None:
+            raise UnknownModelError(f"model {handle} is not loaded by this client")
+        return self.backend.loaded_model(self._manager_of(connection), request_id, handle)
 
     def on_request(self, connection: Connection, message: p.RequestCanLoad) -> None:
         manager = self._manager_of(connection)
@@ -62,50 +69,46 @@ class Calls:
             manager.declare_feature()
         request = message.request
         connection.check_quota("requests")
-        manager.request_can_load_model(
-            request, connection.callback, self._post, weight_bytes=message.weight_bytes
+        self.backend.request_load(
+            manager, request, connection.callback, self._post, message.weight_bytes
         )
         # Deliveries are posted to this thread, so the request is known before any arrives.
-        connection.add_request(request)
+        connection.add_request(request.id)
 
     def on_cancel(self, connection: Connection, message: p.CancelLoad) -> None:
-        self._manager_of(connection).cancel_model_load(self._live(connection, message.request_id))
+        request = self._live(connection, message.request_id)
+        self.backend.cancel_load(self._manager_of(connection), request)
 
     def on_loaded(self, connection: Connection, message: p.NotifyLoaded) -> None:
         request = self._live(connection, message.request_id)
-        self._manager_of(connection).listener.notify_model_loaded(request)
+        self.backend.notify_loaded(self._manager_of(connection), request)
 
     def on_unloaded(self, connection: Connection, message: p.NotifyUnloaded) -> None:
         request = self._live(connection, message.request_id)
-        self._manager_of(connection).listener.notify_model_unloaded(request)
+        self.backend.notify_unloaded(self._manager_of(connection), request)
 
     def on_load_model(self, connection: Connection, message: p.LoadModel) -> dict[str, Any]:
         request = self._live(connection, message.request_id)
         connection.check_quota("models")
-        model = self._manager_of(connection).load_model(
-            request, weight_bytes=message.weight_bytes, sram_bytes=message.sram_bytes
+        model = self.backend.load_model(
+            self._manager_of(connection), request, message.weight_bytes, message.sram_bytes
         )
-        connection.add_model(model)
+        connection.add_model(model.handle, request.id)
         return {"model": model.handle, "device": model.device}
 
-    def _model(self, connection: Connection, handle: int) -> LoadedModel:
-        model = connection.models.get(handle)
-        if model is None:
-            raise UnknownModelError(f"model {handle} is not loaded by this client")
-        return model
-
     def on_submit(self, connection: Connection, message: p.Submit) -> dict[str, Any]:
-        work_id = self._model(connection, message.model).submit(
+        work_id = self.backend.submit_work(
+            self._model(connection, message.model),
             message.cost_cycles,
-            job_priority=message.job_priority,
-            original_uid=message.original_uid,
-            group_id=message.group_id,
-            feature_id=message.feature_id,
+            message.job_priority,
+            message.original_uid,
+            message.group_id,
+            message.feature_id,
         )
         return {"work_id": work_id}
 
     def on_cancel_work(self, connection: Connection, message: p.CancelWork) -> None:
-        self._model(connection, message.model).cancel(message.work_id)
+        self.backend.cancel_work(self._model(connection, message.model), message.work_id)
 
     def may_manage(self, peer: PeerCredentials) -> bool:
         """True for root, the daemon's own uid and members of the management group."""

@@ -41,11 +41,10 @@ from npumanager.schemas import (
     NpuUuid,
     UnloadReason,
 )
-from npumanager.schemas.limits import DEFAULT_INFO_LIMIT, PROTOCOL_VERSION
+from npumanager.schemas.limits import DEFAULT_CALL_TIMEOUT_S, DEFAULT_INFO_LIMIT, PROTOCOL_VERSION
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CALL_TIMEOUT_S = 30.0
 _RECV_BYTES = 1 << 16
 _ERRORS: dict[str, type[Exception]] = {
     name: value

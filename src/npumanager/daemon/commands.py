@@ -11,10 +11,11 @@ from npumanager.daemon.options import (
     Add,
     CommandContext,
     budget_options,
+    check_uid,
     client,
     json_option,
     policy_params,
-    socket_option,
+    verb_options,
 )
 from npumanager.daemon.serve import add_serve
 from npumanager.daemon.units import add_units
@@ -47,7 +48,7 @@ def register(add: Add) -> None:
     info.add_argument(
         "--offset", type=int, default=0, metavar="K", help="skip the first K entries of each list"
     )
-    socket_option(info)
+    verb_options(info)
     json_option(info)
 
     policy = add("set-policy", cmd_set_policy, "swap a running daemon's model-loading policy")
@@ -55,7 +56,7 @@ def register(add: Add) -> None:
         "policy", metavar="POLICY", help="status-quo, turn-taking, budget, or another installed one"
     )
     budget_options(policy)
-    socket_option(policy)
+    verb_options(policy)
     json_option(policy)
 
     importance = add("set-importance", cmd_set_importance, "set the importance of a uid")
@@ -65,7 +66,7 @@ def register(add: Add) -> None:
         metavar="IMPORTANCE",
         help=f"{', '.join(i.name for i in Importance)}, or a number {MIN_PRIORITY}..{MAX_PRIORITY}",
     )
-    socket_option(importance)
+    verb_options(importance)
     json_option(importance)
 
     access = add("set-access", cmd_set_access, "allow or deny a uid direct access or attribution")
@@ -82,7 +83,7 @@ def register(add: Add) -> None:
         default=None,
         help="whether the uid may attribute work to another uid",
     )
-    socket_option(access)
+    verb_options(access)
     json_option(access)
 
 
@@ -211,19 +212,24 @@ def cmd_set_policy(ctx: CommandContext) -> int:
 def cmd_set_importance(ctx: CommandContext) -> int:
     """Set one uid's importance on a running daemon."""
     args = ctx.args
+    uid = check_uid(args.uid)
     importance = parse_importance(args.importance)
     with client(args) as daemon:
-        daemon.set_uid_importance(args.uid, importance)
+        daemon.set_uid_importance(uid, importance)
+    name = importance_name(importance)
     return _done(
         ctx,
-        {"uid": args.uid, "importance": importance},
-        f"uid {args.uid} importance is now {importance}",
+        {"uid": uid, "importance": importance, "name": name},
+        f"uid {uid} importance is now {name} ({importance})"
+        if name
+        else f"uid {uid} importance is now {importance}",
     )
 
 
 def cmd_set_access(ctx: CommandContext) -> int:
     """Override a uid's direct access or attribution on a running daemon."""
     args = ctx.args
+    check_uid(args.uid)
     if args.direct_access is None and args.attribute_other_uid is None:
         raise NpuManagerError(
             "say what to change: --direct-access/--no-direct-access or "
@@ -245,6 +251,14 @@ def cmd_set_access(ctx: CommandContext) -> int:
     }
     text = ", ".join(f"{k} {_yes(v)}" for k, v in changes.items())
     return _done(ctx, {"uid": args.uid, **changes}, f"uid {args.uid}: {text}")
+
+
+def importance_name(value: int) -> str | None:
+    """The platform's name of an importance value, if it has one."""
+    try:
+        return Importance(value).name
+    except ValueError:
+        return None
 
 
 def parse_importance(text: str) -> int:

@@ -13,7 +13,7 @@ import socket
 import weakref
 from typing import Any, Protocol
 
-from npumanager.core.client import LoadedModel, ModelLoadRequestCallback, NpuManager
+from npumanager.core.client import ModelLoadRequestCallback, NpuManager
 from npumanager.daemon import protocol as p
 from npumanager.daemon.peer import PeerCredentials
 from npumanager.daemon.quotas import Resource, UidUsage
@@ -54,8 +54,10 @@ class Connection:
         self.reader = p.FrameReader()
         self.outbox = bytearray()
         self.manager: NpuManager | None = None
-        self.requests: dict[int, ModelLoadRequest] = {}
-        self.models: dict[int, LoadedModel] = {}
+        self.requests: set[int] = set()
+        """The ids of this client's live requests (the service keeps the records)."""
+        self.models: dict[int, int] = {}
+        """The handle of each model this client loaded, and its request's id."""
         self.closed = False
         self.events = selectors.EVENT_READ
         """What the loop's selector watches the socket for."""
@@ -85,15 +87,15 @@ class Connection:
         self.outbox += frame
         self._outlet.queued(self, len(frame))
 
-    def add_request(self, request: ModelLoadRequest) -> None:
+    def add_request(self, request_id: int) -> None:
         """Count and remember a live request (`QuotaExceededError` past the uid's cap)."""
         self.usage.take("requests", self.peer.uid, exempt=self.management)
-        self.requests[request.id] = request
+        self.requests.add(request_id)
 
-    def add_model(self, model: LoadedModel) -> None:
+    def add_model(self, handle: int, request_id: int) -> None:
         """Count and remember a loaded model (`QuotaExceededError` past the uid's cap)."""
         self.usage.take("models", self.peer.uid, exempt=self.management)
-        self.models[model.handle] = model
+        self.models[handle] = request_id
 
     def check_quota(self, resource: Resource) -> None:
         """`QuotaExceededError` now, before acting, if one more is past the uid's cap."""
@@ -101,9 +103,10 @@ class Connection:
 
     def request_ended(self, request_id: int) -> None:
         """Forget a request that completed, and the models loaded under it."""
-        if self.requests.pop(request_id, None) is not None:
+        if request_id in self.requests:
+            self.requests.discard(request_id)
             self.usage.give_back("requests", self.peer.uid)
-        ended = [h for h, m in self.models.items() if m.request.id == request_id]
+        ended = [handle for handle, owner in self.models.items() if owner == request_id]
         for handle in ended:
             del self.models[handle]
         if ended:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from npumanager.errors import NpuManagerError
+from npumanager.schemas.limits import DEFAULT_CALL_TIMEOUT_S, INT32_MAX, MAX_CALL_TIMEOUT_S
 
 
 class CommandContext(Protocol):
@@ -31,6 +32,19 @@ def socket_option(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the daemon's socket (default: $NPUMANAGER_SOCKET, else the per-user runtime "
         "socket, else the system service's /run/npu-manager/npu.sock)",
+    )
+
+
+def verb_options(parser: argparse.ArgumentParser) -> None:
+    """`--socket` and `--timeout`, for a verb that talks to a running daemon."""
+    socket_option(parser)
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_CALL_TIMEOUT_S,
+        metavar="S",
+        help=f"give up on a daemon that does not answer within S seconds "
+        f"(default {DEFAULT_CALL_TIMEOUT_S:g})",
     )
 
 
@@ -84,6 +98,21 @@ def parse_sink(spec: str) -> tuple[str, dict[str, Any]]:
 
 
 def client(args: argparse.Namespace) -> Any:
+    """A `DaemonClient` on the verb's `--socket`, with its `--timeout`."""
     from npumanager.daemon.client import DaemonClient
 
-    return DaemonClient(args.socket)
+    if args.socket is not None and str(args.socket) in ("", "."):
+        raise NpuManagerError("--socket must name the daemon's socket file; got an empty path")
+    timeout = getattr(args, "timeout", DEFAULT_CALL_TIMEOUT_S)
+    if not 0 < timeout <= MAX_CALL_TIMEOUT_S:
+        raise NpuManagerError(
+            f"--timeout must be more than 0 and at most {MAX_CALL_TIMEOUT_S:g} s; got {timeout:g}"
+        )
+    return DaemonClient(args.socket, timeout_s=timeout)
+
+
+def check_uid(uid: int) -> int:
+    """A uid the scheduling HAL carries, or a one-line error (checked before connecting)."""
+    if not 0 <= uid <= INT32_MAX:
+        raise NpuManagerError(f"UID must be a uid 0..{INT32_MAX}; got {uid}")
+    return uid

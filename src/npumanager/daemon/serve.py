@@ -7,8 +7,9 @@ import logging
 import os
 import signal
 import socket
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from npumanager.daemon.options import (
     Add,
@@ -158,6 +159,18 @@ def limits_of(args: argparse.Namespace) -> DaemonLimits:
     )
 
 
+def _log_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """A warning in the daemon (an undeclared feature, a plugin's) as one clean log line."""
+    logging.getLogger("npumanager.daemon").warning("%s: %s", category.__name__, message)
+
+
 def _inherited_listener(args: argparse.Namespace) -> socket.socket | None:
     """The one listening socket systemd passed (socket activation), or None."""
     from npumanager.daemon.systemd import inherited_sockets
@@ -192,7 +205,7 @@ def cmd_serve(ctx: CommandContext) -> int:
 
     args = ctx.args
     logging.basicConfig(stream=ctx.err, level=args.log_level.upper(), format=_LOG_FORMAT)
-    logging.captureWarnings(True)
+    warnings.showwarning = _log_warning
     listener = _inherited_listener(args)
     named = args.socket or os.environ.get(SOCKET_ENV)
     path = Path(named) if named else user_socket_path()

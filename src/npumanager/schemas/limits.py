@@ -177,6 +177,10 @@ DEFAULT_INFO_LIMIT: Final = 100
 """Requests listed per state (and clients and priorities) by `info` unless asked for more."""
 MAX_INFO_LIMIT: Final = 500
 """The most entries per list one `info` reply carries; larger lists are paged."""
+DEFAULT_CALL_TIMEOUT_S: Final = 30.0
+"""How long a daemon client waits for an answer before it gives up."""
+MAX_CALL_TIMEOUT_S: Final = 86_400.0
+"""The longest answer wait a daemon verb's `--timeout` may ask for: a day."""
 SHUTDOWN_FLUSH_S: Final = 2.0
 """How long a stopping daemon spends, in all, handing its last frames to the clients."""
 LOG_BURST: Final = 10

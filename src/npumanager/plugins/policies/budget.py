@@ -168,7 +168,7 @@ class BudgetPolicy(_BudgetBase):
             self._held_weight += self.weights[entry.request.size]
             if state in COMMITTED:
                 self._committed_weight += self.weights[entry.request.size]
-        elif state in PENDING:
+        if state in PENDING:  # WAITING is both holding and pending
             self._pending_by_uid[entry.uid] += 1
             self._pending_by_priority[self.ctx.uid_priority(entry.uid)] += 1
 
@@ -180,7 +180,7 @@ class BudgetPolicy(_BudgetBase):
             self._held_weight -= self.weights[entry.request.size]
             if state in COMMITTED:
                 self._committed_weight -= self.weights[entry.request.size]
-        elif state in PENDING:
+        if state in PENDING:
             self._pending_by_uid[entry.uid] -= 1
             if not self._pending_by_uid[entry.uid]:
                 del self._pending_by_uid[entry.uid]

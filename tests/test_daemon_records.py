@@ -1,0 +1,76 @@
+"""The daemon keeps one record per request, the service's: its calls go through the
+service's backend interface, and a connection holds only the ids the wire names."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from npumanager.core.client import LoadedModel, ModelLoadStatusListener, NpuManager
+from npumanager.core.service import Service
+from npumanager.daemon import calls
+from npumanager.daemon.protocol import HELLO, FrameReader, LoadModel, RequestCanLoad, encode
+from npumanager.daemon.server import Daemon
+from npumanager.schemas import ModelLoadRequest
+
+APP_SIDE = {
+    name
+    for cls in (NpuManager, ModelLoadStatusListener, LoadedModel)
+    for name, member in vars(cls).items()
+    if callable(member) and not name.startswith("_") and name != "declare_feature"
+}
+"""The app's API: what the daemon must not drive the service through."""
+
+
+def _receiver(node: ast.expr) -> str:
+    return ast.unparse(node)
+
+
+def test_the_calls_use_the_backend_interface_not_the_apps_api() -> None:
+    tree = ast.parse(inspect.getsource(calls))
+    methods = [
+        (_receiver(node.func.value), node.func.attr)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+    ]
+    app_side = [(on, name) for on, name in methods if name in APP_SIDE]
+    assert all(on in ("self.backend", "self.service") for on, _ in app_side), app_side
+    on_backend = {name for on, name in methods if on == "self.backend"}
+    assert {"request_load", "load_model", "submit_work", "cancel_work"} <= on_backend
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    service = Service("vnpu", "status_quo", clock="real")
+    served = Daemon(service, tmp_path / "npu.sock")
+    served.bind()
+    thread = threading.Thread(target=served.serve_forever)
+    thread.start()
+    yield served
+    served.stop()
+    thread.join(20)
+
+
+def test_a_connection_keeps_only_ids(daemon: Daemon) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.connect(str(daemon.socket_path))
+        request = ModelLoadRequest.Builder(7).build()
+        client.sendall(
+            encode(HELLO)
+            + encode(RequestCanLoad(seq=1, request=request, uses_feature=True))
+            + encode(LoadModel(seq=2, request_id=7, weight_bytes=1 << 20))
+        )
+        reader, frames = FrameReader(), []
+        while len(frames) < 4:  # welcome, decision, reply, reply
+            frames += list(reader.feed(client.recv(65536)))
+        (connection,) = daemon.connections.values()
+        assert connection.requests == {7}
+        (handle,) = connection.models
+        assert connection.models == {handle: 7}
+        assert all(isinstance(v, int) for v in (*connection.requests, *connection.models.values()))
