@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from mutant_drivers import MUTANTS, REAL, VIRTUAL, MutantDriver, on_wall_clock, records
+from npumanager.schemas import DriverCapability
 from npumanager.schemas.limits import VTS_SEED
 from npumanager.testing.rules import RULES
 from npumanager.testing.suite import DriverSuite
@@ -80,3 +81,17 @@ def test_enough_mutants_each_registered_on_both_clocks() -> None:
     names = [r.name for r in records()]
     assert len(names) == len(set(names)) == 2 * len(MUTANTS)
     assert {n.rsplit("-", 1)[1] for n in names} == {"virtual", "real"}
+
+
+class TestUnbrokenOnWallClock(DriverSuite):
+    """The whole suite on the mutants' real clock with no bug: every rule holds there."""
+
+    __test__ = True
+
+    @pytest.fixture
+    def driver_factory(self) -> Any:
+        return on_wall_clock(MutantDriver)
+
+    @pytest.fixture
+    def driver_capabilities(self) -> frozenset[DriverCapability]:
+        return REAL
