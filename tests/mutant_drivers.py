@@ -9,7 +9,7 @@ call, claiming `real_time` instead of `virtual_time`.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ from npumanager import (
     IllegalArgumentError,
     ReferenceEngine,
     SchedulingConfig,
+    hookimpl,
 )
 from npumanager.core.debounce import Debouncer
 from npumanager.core.driver import validate_configs
@@ -483,4 +484,7 @@ def records() -> list[DriverRecord]:
     return out
 
 
-Factory = Callable[..., Any]
+@hookimpl
+def npumanager_register_drivers() -> list[DriverRecord]:
+    """The mutants, as a vendor's plugin module registers its drivers."""
+    return records()

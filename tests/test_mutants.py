@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
+import mutant_drivers
 from mutant_drivers import MUTANTS, REAL, VIRTUAL, MutantDriver, on_wall_clock, records
+from npumanager.core.plugins import PluginRegistry, PluginSource
 from npumanager.schemas import DriverCapability
 from npumanager.schemas.limits import VTS_SEED
 from npumanager.testing.rules import RULES
@@ -55,10 +57,21 @@ CLOCKS = {"virtual": (lambda d: d, VIRTUAL), "real": (on_wall_clock, REAL)}
 MATRIX = [(m, clock) for m in MUTANTS for clock in CLOCKS]
 
 
+@pytest.fixture(scope="module")
+def registry() -> PluginRegistry:
+    """The mutants registered as a plugin, the way an installed vendor package is."""
+    plugins = PluginRegistry()
+    assert plugins.register(mutant_drivers, PluginSource("mutants", "npu-mutants", "0"))
+    return plugins
+
+
 @pytest.mark.parametrize(("mutant", "clock"), MATRIX, ids=[f"{m.name}-{c}" for m, c in MATRIX])
-def test_the_suite_catches_the_mutant(mutant: Any, clock: str) -> None:
-    wrap, caps = CLOCKS[clock]
-    outcomes = {test: run_rule(wrap(mutant.driver), caps, test) for test in mutant.rules}
+def test_the_suite_catches_the_mutant(mutant: Any, clock: str, registry: PluginRegistry) -> None:
+    record = registry.driver(f"mutant-{mutant.name}-{clock}")
+    outcomes = {
+        test: run_rule(record.factory, frozenset(record.capabilities), test)
+        for test in mutant.rules
+    }
     caught = {t: o for t, o in outcomes.items() if o != PASSED and not o.startswith("skipped")}
     assert caught, f"mutant {mutant.name} survived on the {clock} clock: {outcomes}"
     names = {r.test: r.rule for r in RULES}
@@ -76,11 +89,14 @@ def test_the_unbroken_driver_passes_the_same_rules(test: str, clock: str) -> Non
     assert run_rule(wrap(MutantDriver), caps, test) == PASSED
 
 
-def test_enough_mutants_each_registered_on_both_clocks() -> None:
+def test_enough_mutants_each_registered_on_both_clocks(registry: PluginRegistry) -> None:
     assert len(MUTANTS) >= 24
     names = [r.name for r in records()]
     assert len(names) == len(set(names)) == 2 * len(MUTANTS)
-    assert {n.rsplit("-", 1)[1] for n in names} == {"virtual", "real"}
+    for name in names:
+        caps = registry.driver(name).capabilities
+        clock = DriverCapability.VIRTUAL_TIME if name.endswith("-virtual") else "real_time"
+        assert clock in caps, (name, caps)
 
 
 class TestUnbrokenOnWallClock(DriverSuite):
