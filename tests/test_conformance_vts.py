@@ -217,3 +217,38 @@ def test_every_message_of_a_test_starts_with_its_rule() -> None:
         source = inspect.getsource(getattr(DriverSuite, rule.test))
         prefixes = set(re.findall(r'f?"([A-Z][A-Za-z0-9]+): ', source))
         assert prefixes <= {rule.rule}, (rule.test, prefixes)
+
+
+def test_a_driver_that_raises_fails_the_test_naming_its_rule() -> None:
+    source = textwrap.dedent(
+        """
+        import pytest
+        from npumanager.testing import DriverSuite
+        from npumanager.vendor_drivers.reference import CAPABILITIES, ReferenceDriver
+
+
+        class CancelRaises(ReferenceDriver):
+            def cancel(self, work_id):
+                raise RuntimeError("firmware timeout")
+
+
+        class TestCancelRaises(DriverSuite):
+            __test__ = True
+
+            @pytest.fixture
+            def driver_factory(self):
+                return CancelRaises
+
+            @pytest.fixture
+            def driver_capabilities(self):
+                return CAPABILITIES
+        """
+    )
+    results, output = run_suite(source, pytest_args=("-k", "CancelSemantics"))
+    assert [(r.outcome, r.detail) for r in results] == [
+        (
+            FAIL,
+            "AssertionError: Cancel: expected the driver to raise nothing here; observed "
+            "RuntimeError: firmware timeout",
+        )
+    ], output

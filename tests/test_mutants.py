@@ -47,6 +47,8 @@ def run_rule(factory: Any, capabilities: frozenset[Any], test: str) -> str:
         return str(exc)
     except pytest.skip.Exception as exc:
         return f"skipped: {exc}"
+    except Exception as exc:  # the driver broke the test: caught, though not by a message
+        return f"error: {type(exc).__name__}: {exc}"
     finally:
         for driver in made:
             driver.close()
