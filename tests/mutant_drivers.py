@@ -318,18 +318,25 @@ class ReportsUidPriorityEngine(ReferenceEngine):
 class AppliesBeforeValidating(MutantDriver):
     """Applies each config to the device as it reads it, then finds the bad one."""
 
-    def set_scheduling_configs(self, configs: Iterable[Any]) -> None:
-        items, good = list(configs), dict(self._configs)
+    def _apply_as_read(self, items: list[Any], base: Mapping[int, SchedulingConfig]) -> None:
+        good = dict(base)
         for item in items:
             try:
                 config = validate_configs([item])[0]
             except IllegalArgumentError:
-                break
+                return
             good[config.uid] = config
             self._apply_configs(good)
+
+    def set_scheduling_configs(self, configs: Iterable[Any]) -> None:
+        items = list(configs)
+        self._apply_as_read(items, {})
         super().set_scheduling_configs(items)
 
-    update_scheduling_configs = set_scheduling_configs  # type: ignore[assignment]
+    def update_scheduling_configs(self, configs: Iterable[Any]) -> None:
+        items = list(configs)
+        self._apply_as_read(items, self._configs)
+        super().update_scheduling_configs(items)
 
 
 class UpdateSendsOnlyNew(MutantDriver):
