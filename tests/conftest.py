@@ -80,6 +80,32 @@ PLUGIN_SOURCES: dict[str, tuple[str, str, str]] = {
             return [SinkRecord(name="memory", factory=list), SinkRecord(name="extra", factory=list)]
         """,
     ),
+    "thermometer": (
+        "npu-thermometer-plugin",
+        "thermometernpu",
+        """
+        from npumanager import hookimpl, HealthSample, HealthSourceRecord, ThermalReading
+
+        class Thermometer:
+            def __init__(self, temp_mc=40000):
+                self.temp_mc = int(temp_mc)
+
+            def read(self):
+                if self.temp_mc < 0:
+                    raise RuntimeError("probe unplugged")
+                severity = 2 if self.temp_mc >= 80000 else 0
+                return HealthSample(thermal=[ThermalReading(
+                    name="probe", temperature_mc=self.temp_mc, severity=severity)])
+
+        @hookimpl
+        def npumanager_register_health_sources():
+            return [
+                HealthSourceRecord(name="thermometer", factory=Thermometer),
+                {"name": "Not A Name", "factory": Thermometer},
+                HealthSourceRecord(name="linux", factory=Thermometer),
+            ]
+        """,
+    ),
     "raising": (
         "npu-raising-hook",
         "raisingnpu",

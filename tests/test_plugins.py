@@ -174,3 +174,20 @@ def test_validate_counts_rejections_per_plugin() -> None:
         assert registry.validate(WorkInfo, {**good, "jobPriority": -1}, source) is None
     assert registry.validate(WorkInfo, good, source) is not None
     assert registry.rejected[source.name] == 1
+
+
+def test_health_sources_register_like_the_other_kinds(plugin_site: UsePlugins) -> None:
+    plugin_site("thermometer")
+    with pytest.warns(PluginWarning) as caught:
+        registry = load_plugins()
+    messages = [str(w.message) for w in caught]
+    assert any("invalid HealthSourceRecord dropped: name" in m for m in messages)
+    assert any(
+        "health_source name 'linux' is already registered by plugin 'builtin-health'" in m
+        for m in messages
+    )
+    assert all("npu-thermometer-plugin" in m for m in messages)
+    assert _names(registry, PluginKind.HEALTH_SOURCE) == {"linux", "thermometer"}
+    assert registry.get(PluginKind.HEALTH_SOURCE, "linux").source.builtin
+    reading = registry.health_source("thermometer").factory(temp_mc=85_000).read()
+    assert reading.severity(0) == 2

@@ -19,6 +19,7 @@ from npumanager.core.config import LoadedConfig, load_config
 from npumanager.core.plugins import PluginRegistry, Registration, load_plugins
 from npumanager.daemon.commands import register as register_daemon_commands
 from npumanager.errors import NpuManagerError, PluginWarning
+from npumanager.health_commands import add_health
 from npumanager.schemas import SCHEMA_MODELS, DriverRecord
 from npumanager.simulation import commands as simulation_commands
 from npumanager.tables import format_table
@@ -249,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     vts.add_argument(
         "-v", "--verbose", action="store_true", help="print pytest's output when a test fails"
     )
+    add_health(add)
     register_daemon_commands(add)
     return parser
 
@@ -267,6 +269,8 @@ def main(
         print(f"{PROG}: error: {exc}", file=err)
         return EXIT_USAGE
     except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
         return 0
     return code
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
+from npumanager.checks import check_int
 from npumanager.core.actions import (
     Action,
     CanLoad,
@@ -28,10 +29,12 @@ from npumanager.core.actions import (
 from npumanager.core.arbiter import Arbiter
 from npumanager.core.driver import Driver
 from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.health import SourceState
 from npumanager.core.requests import Requests
 from npumanager.core.telemetry_bridge import TelemetryBridge
 from npumanager.errors import IllegalArgumentError
-from npumanager.schemas import EndReason
+from npumanager.schemas import EndReason, HealthSample
+from npumanager.schemas.limits import MEMORY_PRESSURE_CRITICAL, MEMORY_PRESSURE_NONE
 from npumanager.telemetry import ModelLoadState
 
 log = logging.getLogger(__name__)
@@ -54,6 +57,8 @@ class Decisions:
         self.closed = False
         self._completed: dict[int, None] = {}
         self._pending: list[Action] = []
+        self._memory_signal = MEMORY_PRESSURE_NONE
+        """The level `Service.set_memory_pressure` gave; the health sources' may be higher."""
 
     @property
     def now_ms(self) -> int:
@@ -150,6 +155,32 @@ class Decisions:
         """Read device health; a changed thermal severity goes to the arbiter."""
         for device, severity in self.telemetry.sample_devices():
             self.perform(self.arbiter.set_thermal(self.now_ms, device, severity))
+
+    # Memory pressure and the health sources ----------------------------------------------
+
+    def signal_memory(self, now_ms: int, level: int) -> list[Action]:
+        """The service owner's memory level; the arbiter gets it or the sources', if higher."""
+        self._memory_signal = check_int(
+            "memory pressure level", level, MEMORY_PRESSURE_NONE, MEMORY_PRESSURE_CRITICAL
+        )
+        return self._memory_actions(now_ms)
+
+    def _memory_actions(self, now_ms: int) -> list[Action]:
+        level = max(self._memory_signal, self.telemetry.health.memory_pressure())
+        self.telemetry.memory_pressure = level
+        return self.arbiter.set_memory_pressure(now_ms, level)
+
+    def health_read(
+        self, state: SourceState, sample: HealthSample | None, error: str | None
+    ) -> None:
+        """A health source's reading (or its problem): combined, and acted on if it changed."""
+        with self.lock:
+            if self.closed:
+                return
+            state.sample, state.error, state.read_at_ms = sample, error, self.now_ms
+            self.perform(self._memory_actions(self.now_ms))
+            self.sample_devices()
+        self.flush()
 
     def after_step(self) -> None:
         """The driver moved: completions, health, expired deadlines, debounced telemetry."""

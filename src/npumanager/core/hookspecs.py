@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pluggy
 
-from npumanager.schemas import DriverRecord, PolicyRecord, SinkRecord
+from npumanager.schemas import DriverRecord, HealthSourceRecord, PolicyRecord, SinkRecord
 
 if TYPE_CHECKING:
     from npumanager.core.config import Config
@@ -64,6 +64,34 @@ def npumanager_register_sinks() -> Iterable[SinkRecord] | SinkRecord | None:
 
     Debouncing (`debounce_duration_ms`) is the service's business, per registration;
     a sink sees work events already debounced.
+    """
+
+
+@hookspec
+def npumanager_register_health_sources() -> (
+    Iterable[HealthSourceRecord] | HealthSourceRecord | None
+):
+    """Return the device-health sources this plugin provides.
+
+    A `HealthSourceRecord`'s factory is called with the options of `Service(health=...)`,
+    `serve --health NAME:KEY=VALUE,...` or `health --source ...` and returns the source,
+    or raises `IllegalArgumentError` naming the options it allows. The source must have:
+
+    - `read()`: a `HealthSample` (or a dict of its shape, validated here) of what it can
+      read now: memory pressure levels, thermal readings mapped to `ThermalSeverity`,
+      device counters. A reading it cannot make is left out; it never raises for a missing
+      sensor. It runs on the service's health thread only, never under the service lock.
+
+    and may have:
+
+    - `interval_ms`: how often to call `read()` (default `HEALTH_READ_INTERVAL_MS`);
+    - `descriptors()`: a mapping of file descriptors to poll masks (POLLPRI for a PSI
+      trigger, POLLIN for a FIFO); when one is ready the thread calls `ready(fd)` and then
+      `read()` at once (a descriptor that keeps reporting an error is polled no more);
+    - `close()`: called once when the service closes.
+
+    The service combines every source with the driver's own readings, the most severe
+    winning, and tells the arbiter when a device's severity or the memory level changes.
     """
 
 

@@ -25,6 +25,7 @@ from npumanager.core.config import Config, PluginsConfig
 from npumanager.errors import PluginError, PluginWarning, UnknownPluginError
 from npumanager.schemas import (
     DriverRecord,
+    HealthSourceRecord,
     PluginKind,
     PluginRecord,
     PolicyRecord,
@@ -41,6 +42,7 @@ _REGISTRATION_HOOKS: dict[PluginKind, str] = {
     PluginKind.DRIVER: "npumanager_register_drivers",
     PluginKind.POLICY: "npumanager_register_policies",
     PluginKind.SINK: "npumanager_register_sinks",
+    PluginKind.HEALTH_SOURCE: "npumanager_register_health_sources",
 }
 
 
@@ -64,7 +66,7 @@ class PluginSource:
 
 @dataclass(frozen=True)
 class Registration:
-    """One registered driver, policy or sink, with the plugin that provided it."""
+    """One registered driver, policy, sink or health source, with the plugin that provided it."""
 
     record: PluginRecord
     source: PluginSource
@@ -263,6 +265,12 @@ class PluginRegistry:
         """The sink record registered under `name`."""
         record = self.get(PluginKind.SINK, name).record
         assert isinstance(record, SinkRecord)
+        return record
+
+    def health_source(self, name: str) -> HealthSourceRecord:
+        """The health-source record registered under `name`."""
+        record = self.get(PluginKind.HEALTH_SOURCE, name).record
+        assert isinstance(record, HealthSourceRecord)
         return record
 
 

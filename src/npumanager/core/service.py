@@ -29,6 +29,8 @@ from npumanager.core.decisions import Clock, Decisions
 from npumanager.core.dispatch import DeliveryStats, run_inline
 from npumanager.core.driver import Driver, ThermalModel, VirtualTimeDriver
 from npumanager.core.events import WorkEvent
+from npumanager.core.health import HealthSpec, build_health_source
+from npumanager.core.health_monitor import HealthMonitor
 from npumanager.core.plugins import PluginRegistry, load_plugins
 from npumanager.core.policy import Policy, build_policy, policy_name
 from npumanager.core.snapshot import build_snapshot
@@ -67,6 +69,7 @@ class Service:
         management_uids: Iterable[int] = (),
         registry: PluginRegistry | None = None,
         sinks: Iterable[Any] = (),
+        health: Iterable[HealthSpec] = (),
     ) -> None:
         if clock not in ("real", "virtual"):
             raise IllegalArgumentError(f"clock must be 'real' or 'virtual'; got {clock!r}")
@@ -113,8 +116,11 @@ class Service:
             quiescent=self.quiescent,
         )
         self.driver.set_callback(_DriverEvents(self._decisions), debounce_duration_ms=0)
+        self._health = HealthMonitor(self._decisions.health_read)
         for sink in sinks:
             self.add_sink(sink)
+        for spec in health:
+            self.add_health_source(spec)
         with self._lock:
             capacities = [d.weight_memory_bytes for d in self.driver.describe_devices()]
             self._decisions.perform(self.arbiter.set_capacity(self.now_ms, capacities))
@@ -210,8 +216,27 @@ class Service:
         self._decisions.act(lambda now: self.arbiter.client_died(now, manager.client))
 
     def set_memory_pressure(self, level: int) -> None:
-        """Signal memory pressure: 0 none, 1 moderate, 2 critical."""
-        self._decisions.act(lambda now: self.arbiter.set_memory_pressure(now, level))
+        """Signal memory pressure: 0 none, 1 moderate, 2 critical (a health source may raise it)."""
+        self._decisions.act(lambda now: self._decisions.signal_memory(now, level))
+
+    def add_health_source(self, source: HealthSpec, **options: Any) -> str:
+        """Read device health from a source too: a registered name (built with `options`),
+        `(name, options)` or an object with `read()`; its name in `snapshot()["health"]`.
+
+        Health sources read the machine as it is now, so they need the real clock.
+        """
+        if self.clock != "real":
+            raise IllegalArgumentError("health sources read the real machine: use clock='real'")
+        if options:
+            if not isinstance(source, str):
+                raise IllegalArgumentError("options are for a health source given by name")
+            source = (source, options)
+        name, built = build_health_source(self.registry, source)
+        with self._lock:
+            self._decisions.check_open()
+            state = self._telemetry.health.add(name)
+        self._health.add(state, built)
+        return state.name
 
     def add_heat(self, device: int, millicelsius: int) -> None:
         """A thermal spike on a simulated device (the driver must have a thermal model)."""
@@ -275,6 +300,7 @@ class Service:
                 policy_name=self.policy_name,
                 sinks=self.sink_stats(),
                 callback_errors=self.callback_errors,
+                health=self._telemetry.health,
             )
 
     @property
@@ -314,6 +340,7 @@ class Service:
     def close(self) -> None:
         """End every live request (its client gets the completion), stop, close the driver."""
         d = self._decisions
+        self._health.stop()
         with self._lock:
             if d.closed:
                 return

@@ -8,6 +8,7 @@ from typing import Any
 from npumanager.core.actions import RequestState
 from npumanager.core.arbiter import Arbiter
 from npumanager.core.driver import Driver
+from npumanager.core.health import HealthBoard
 from npumanager.telemetry import SinkStats
 
 
@@ -18,8 +19,11 @@ def build_snapshot(
     policy_name: str,
     sinks: Mapping[str, SinkStats],
     callback_errors: int,
+    health: HealthBoard | None = None,
 ) -> dict[str, Any]:
-    """Policy and parameters, configs by uid, live requests by state, and every device."""
+    """Policy and parameters, configs by uid, live requests by state, every device, and the
+    health sources' readings with what they combine to."""
+    health = health or HealthBoard()
     policy = arbiter.policy
     params = policy.params.model_dump(mode="json") if policy.params is not None else {}
     by_state: dict[str, list[dict[str, Any]]] = {state.value: [] for state in RequestState}
@@ -50,15 +54,17 @@ def build_snapshot(
             for config in arbiter.scheduling_configs()
         ],
         "requests": by_state,
-        "devices": [_device(driver, device) for device in range(driver.device_count)],
+        "devices": [_device(driver, device, health) for device in range(driver.device_count)],
         "sinks": {name: stats._asdict() for name, stats in sinks.items()},
         "memory_pressure": arbiter.memory_pressure,
+        "health": health.describe(range(driver.device_count)),
         "callback_errors": callback_errors,
     }
 
 
-def _device(driver: Driver, number: int) -> dict[str, Any]:
+def _device(driver: Driver, number: int, health: HealthBoard) -> dict[str, Any]:
     status = driver.device_state(number)
+    severity = max(status.severity, health.severity(number))
     return {
         "device": number,
         "weight_memory_bytes": status.weight_memory_bytes,
@@ -68,6 +74,7 @@ def _device(driver: Driver, number: int) -> dict[str, Any]:
         "running": sum(work >= 0 for work in status.running),
         "channels": len(status.running),
         "temperature_c": status.temperature_mc / 1000,
-        "severity": status.severity.name,
+        "severity": severity.name,
+        "driver_severity": status.severity.name,
         "shutdown": status.shutdown,
     }

@@ -1,9 +1,10 @@
 """What the service tells its sinks and listeners: requests' steps, work events, device health.
 
-The bridge owns the service's `TelemetryHub`, its listeners and its health sampler. It
-reads the driver (clock, device readings) and never calls the arbiter: a change of a
-device's thermal severity is handed back to the service, which tells the arbiter. Every
-method but the sink bookkeeping runs under the service lock.
+The bridge owns the service's `TelemetryHub`, its listeners, its health sampler and the
+health sources' latest readings (`health`, a `HealthBoard`). It reads the driver (clock,
+device readings) and never calls the arbiter: a change of a device's thermal severity,
+the driver's and the sources' combined, is handed back to the service, which tells the
+arbiter. Every method but the sink bookkeeping runs under the service lock.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from npumanager.core.actions import RequestAction, RequestKey
 from npumanager.core.driver import Driver
 from npumanager.core.events import WorkEvent
+from npumanager.core.health import HealthBoard
 from npumanager.core.plugins import PluginRegistry
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import ModelLoadRequest, ThermalSeverity
@@ -38,6 +40,9 @@ class TelemetryBridge:
         self._sampler = HealthSampler(HEALTH_SAMPLE_INTERVAL_MS * 1000)
         self._listeners: list[EventListener] = []
         self._severity: dict[int, ThermalSeverity] = {}
+        self.health = HealthBoard()
+        self.memory_pressure = 0
+        """The memory level in force (the service keeps it), stamped on every sample."""
 
     # Sinks and listeners ----------------------------------------------------------------
 
@@ -118,26 +123,41 @@ class TelemetryBridge:
 
     # Device health ----------------------------------------------------------------------
 
+    def severity(self, state: DeviceStatus) -> ThermalSeverity:
+        """A device's severity: the driver's or the health sources', whichever is worse."""
+        return max(state.severity, self.health.severity(state.number))
+
     def sample_devices(self) -> Iterable[tuple[int, ThermalSeverity]]:
         """Read every device (sampling it for the sinks); the devices whose severity changed."""
         changed = []
         for device in range(self._driver.device_count):
             state = self._driver.device_state(device)
+            severity = self.severity(state)
             if self.hub:
-                self._publish_sample(state)
-            if self._severity.get(device, ThermalSeverity.NONE) != state.severity:
-                self._severity[device] = state.severity
-                changed.append((device, state.severity))
+                self._publish_sample(state, severity)
+            if self._severity.get(device, ThermalSeverity.NONE) != severity:
+                self._severity[device] = severity
+                changed.append((device, severity))
         return changed
 
     def health_changed(self) -> None:
         """Sample device health for the sinks now (a model came or went)."""
         if self.hub:
             for device in range(self._driver.device_count):
-                self._publish_sample(self._driver.device_state(device))
+                state = self._driver.device_state(device)
+                self._publish_sample(state, self.severity(state))
 
-    def _publish_sample(self, state: DeviceStatus) -> None:
-        sample = self._sampler.sample(state, state.now_us)
+    def _publish_sample(self, state: DeviceStatus, severity: ThermalSeverity) -> None:
+        health = self.health
+        hottest = health.hottest_mc(state.number)
+        sample = self._sampler.sample(
+            state,
+            state.now_us,
+            severity=int(severity),
+            temperature_mc=None if hottest is None else max(hottest, state.temperature_mc),
+            memory_pressure=self.memory_pressure,
+            readings=health.device_reading(state.number),
+        )
         if sample is not None:
             self.hub.publish((sample,))
 

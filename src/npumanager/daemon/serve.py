@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, TextIO
@@ -141,6 +142,14 @@ def add_serve(add: Add) -> None:
         "(default 0: never)",
     )
     serve.add_argument(
+        "--health",
+        action="append",
+        default=[],
+        metavar="NAME[:KEY=VALUE,...]",
+        help="read device health from a source, e.g. linux or linux:zones=x86_pkg_temp "
+        "(repeatable; default: linux on Linux for a driver without virtual_time; none: off)",
+    )
+    serve.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -157,6 +166,23 @@ def limits_of(args: argparse.Namespace) -> DaemonLimits:
         max_buffered_bytes=args.max_buffered_mib * _MIB,
         idle_timeout_s=args.idle_timeout,
     )
+
+
+def health_specs(ctx: CommandContext) -> list[tuple[str, dict[str, Any]]]:
+    """The health sources `serve` reads: `--health`, or by default `linux` for a real driver."""
+    from npumanager.health_commands import DEFAULT_SOURCE, parse_source
+    from npumanager.schemas import DriverCapability
+
+    given: list[str] = ctx.args.health
+    if given == ["none"]:
+        return []
+    if "none" in given:
+        raise NpuManagerError("--health none turns health sources off; give it alone")
+    if given:
+        return [parse_source("--health", spec) for spec in given]
+    record = ctx.registry.driver(ctx.args.driver)
+    real = DriverCapability.VIRTUAL_TIME not in record.capabilities
+    return [(DEFAULT_SOURCE, {})] if real and sys.platform.startswith("linux") else []
 
 
 def _log_warning(
@@ -213,6 +239,7 @@ def cmd_serve(ctx: CommandContext) -> int:
     socket_group = group_id(args.socket_group) if args.socket_group else None
     management_group = group_id(args.management_group) if args.management_group else None
     limits = limits_of(args)
+    health = health_specs(ctx)
     service = Service(
         args.driver,
         args.policy,
@@ -227,6 +254,8 @@ def cmd_serve(ctx: CommandContext) -> int:
         for spec in args.sink:
             name, options = parse_sink(spec)
             service.add_sink(name, **options)
+        for source in health:
+            log.info("device health from %s", service.add_health_source(source))
         daemon = Daemon(
             service,
             path,

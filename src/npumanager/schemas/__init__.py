@@ -25,8 +25,15 @@ from .enums import (
     ThermalSeverity,
     UnloadReason,
 )
+from .health import DeviceReading, HealthSample, MemoryReading, ThermalReading
 from .npu_uuid import NpuUuid
-from .plugins import DriverRecord, PluginRecord, PolicyRecord, SinkRecord
+from .plugins import (
+    DriverRecord,
+    HealthSourceRecord,
+    PluginRecord,
+    PolicyRecord,
+    SinkRecord,
+)
 from .requests import ModelLoadRequest
 from .scheduling import SchedulingConfig, SchedulingConfigV1
 from .work import WorkInfo
@@ -44,14 +51,18 @@ __all__ = [  # noqa: PLE0604
     *_constant_names,
     "SCHEMA_MODELS",
     "DriverCapability",
+    "DeviceReading",
     "DriverRecord",
     "EndReason",
+    "HealthSample",
+    "HealthSourceRecord",
     "Importance",
     "ModelLoadRequest",
     "ModelLoadRequestStatus",
     "ModelLoadStatus",
     "ModelPolicy",
     "ModelPriority",
+    "MemoryReading",
     "ModelSize",
     "NpuUuid",
     "PluginKind",
@@ -61,6 +72,7 @@ __all__ = [  # noqa: PLE0604
     "SchedulingConfigV1",
     "SinkRecord",
     "StartReason",
+    "ThermalReading",
     "ThermalSeverity",
     "UnloadReason",
     "WorkInfo",

@@ -104,6 +104,7 @@ class PluginKind(StrEnum):
     DRIVER = "driver"
     POLICY = "policy"
     SINK = "sink"
+    HEALTH_SOURCE = "health_source"
 
 
 class DriverCapability(StrEnum):

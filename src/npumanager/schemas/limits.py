@@ -194,3 +194,25 @@ VTS_STEPS: Final = 60
 """Steps per example of the reference-matching state machine."""
 VTS_ID_ITEMS: Final = (1 << 16) + 64
 """Work items the ids rule submits: past a 16-bit counter's wrap."""
+
+HEALTH_READ_INTERVAL_MS: Final = 1_000
+"""How often a health source is read unless it asks otherwise (ivpu advises at most 1/s)."""
+MIN_HEALTH_READ_INTERVAL_MS: Final = 10
+MAX_HEALTH_READ_INTERVAL_MS: Final = 3_600_000
+HEALTH_STOP_TIMEOUT_S: Final = 5.0
+"""How long closing a service waits for its health thread to finish a read."""
+PSI_MIN_WINDOW_MS: Final = 500
+"""The shortest window the kernel accepts for a PSI trigger."""
+PSI_MAX_WINDOW_MS: Final = 10_000
+"""The longest window the kernel accepts for a PSI trigger."""
+PSI_UNPRIVILEGED_WINDOW_MS: Final = 2_000
+"""Without CAP_SYS_RESOURCE a PSI trigger's window must be a multiple of this."""
+DEFAULT_PSI_WINDOW_MS: Final = 2_000
+DEFAULT_PSI_SOME_MODERATE: Final = 10.0
+"""PSI `some` share (percent, avg10 or a trigger's window) at which memory pressure is 1."""
+DEFAULT_PSI_SOME_CRITICAL: Final = 40.0
+"""PSI `some` share (percent) at which memory pressure is 2."""
+CAP_SYS_RESOURCE: Final = 24
+"""The capability bit that lets a process create PSI triggers of any window."""
+MAX_HEALTH_FILE_BYTES: Final = 64 << 10
+"""The most of one sysfs or procfs file the health sources read: every one they read is small."""

@@ -55,8 +55,15 @@ class SinkRecord(PluginRecord):
     kind: ClassVar[PluginKind] = PluginKind.SINK
 
 
+class HealthSourceRecord(PluginRecord):
+    """A health source: `factory(**options)` returns an object with `read()` (see hookspecs)."""
+
+    kind: ClassVar[PluginKind] = PluginKind.HEALTH_SOURCE
+
+
 RECORD_TYPES: dict[PluginKind, type[PluginRecord]] = {
     PluginKind.DRIVER: DriverRecord,
     PluginKind.POLICY: PolicyRecord,
     PluginKind.SINK: SinkRecord,
+    PluginKind.HEALTH_SOURCE: HealthSourceRecord,
 }

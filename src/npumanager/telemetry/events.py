@@ -71,7 +71,10 @@ class ModelLoadStateChanged(NamedTuple):
 
 
 class DeviceSample(NamedTuple):
-    """One reading of a device's health."""
+    """One reading of a device's health: the driver's, with the health sources' beside it.
+
+    `severity` and `temperature_mc` are the most severe of the driver and the sources.
+    """
 
     device: int
     temperature_mc: int
@@ -81,6 +84,16 @@ class DeviceSample(NamedTuple):
     weight_memory_bytes: int
     busy_channels: int
     time_us: int
+    memory_pressure: int = NO_VALUE
+    """The memory level in force (0..2), or `NO_VALUE` where nothing reads it."""
+    busy_time_us: int = NO_VALUE
+    """The accelerator's own busy-time counter (a health source's), or `NO_VALUE`."""
+    device_memory_used_bytes: int = NO_VALUE
+    """Memory in use as the accelerator's driver counts it (a health source's), or `NO_VALUE`."""
+    frequency_mhz: int = NO_VALUE
+    """The accelerator's clock now (a health source's), or `NO_VALUE`."""
+    max_frequency_mhz: int = NO_VALUE
+    """The clock the accelerator can reach (a health source's), or `NO_VALUE`."""
 
 
 TelemetryEvent: TypeAlias = WorkEvent | ModelLoadRequested | ModelLoadStateChanged | DeviceSample

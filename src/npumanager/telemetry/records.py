@@ -85,8 +85,20 @@ def _model(record: dict[str, Any], event: Any) -> None:
         record["unloadReason"] = _name(UnloadReason, event.unload_reason)
 
 
+_SAMPLE_OPTIONAL = (
+    ("memory_pressure", "memoryPressure"),
+    ("busy_time_us", "busyTimeUs"),
+    ("device_memory_used_bytes", "deviceMemoryUsedBytes"),
+    ("frequency_mhz", "frequencyMhz"),
+    ("max_frequency_mhz", "maxFrequencyMhz"),
+)
+
+
 def _sample(record: dict[str, Any], event: Any) -> None:
     record["severity"] = _name(ThermalSeverity, event.severity)
+    for field, key in _SAMPLE_OPTIONAL:
+        value = getattr(event, field)
+        record[key] = None if value == NO_VALUE else value
 
 
 _NAMES: dict[type, Callable[[dict[str, Any], Any], None]] = {
@@ -109,6 +121,8 @@ def to_record(event: TelemetryEvent) -> dict[str, Any]:
 _TEXT_FIELDS = frozenset(
     {"kind", "reason", "group_id", "debug_feature_id", "size", "priority", "state"}
     | {"unload_reason", "severity", "weight_bytes", "device"}
+    | {"memory_pressure", "busy_time_us", "device_memory_used_bytes"}
+    | {"frequency_mhz", "max_frequency_mhz"}
 )
 """Fields written as a JSON fragment (a name, a string, null) rather than a bare int."""
 
@@ -178,6 +192,9 @@ def to_json_line(event: TelemetryEvent) -> str:
         return template % (
             s.device, s.temperature_mc, _enum_json(_SEVERITY_JSON, s.severity),
             s.weight_memory_used_bytes, s.weight_memory_bytes, s.busy_channels, s.time_us,
+            _int_or_null(s.memory_pressure), _int_or_null(s.busy_time_us),
+            _int_or_null(s.device_memory_used_bytes), _int_or_null(s.frequency_mhz),
+            _int_or_null(s.max_frequency_mhz),
         )  # fmt: skip
     m: Any = event
     head = (
