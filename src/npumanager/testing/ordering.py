@@ -174,7 +174,7 @@ class OrderRules(SuiteBase):
             [SchedulingConfig(uid=62, app_priority=500), SchedulingConfig(uid=63, app_priority=0)]
         )
         model = driver.load_model(0, weight_bytes=1 << 10)
-        works = [driver.submit(model, uid=62, cost_cycles=self.cycles(driver, 60))]
+        works = [driver.submit(model, uid=62, cost_cycles=self.cycles(driver, 200))]
         works += [driver.submit(model, uid=62, cost_cycles=self.cycles(driver, 5)) for _ in "ab"]
         self.wait_ms(driver, 5)
         urgent = driver.submit(model, uid=63, cost_cycles=self.cycles(driver, 5))
@@ -200,8 +200,8 @@ class OrderRules(SuiteBase):
             ]
         )
         model = driver.load_model(0, weight_bytes=1 << 10)
-        more = driver.submit(model, uid=70, cost_cycles=self.cycles(driver, 60))
-        less = driver.submit(model, uid=71, cost_cycles=self.cycles(driver, 60))
+        more = driver.submit(model, uid=70, cost_cycles=self.cycles(driver, 200))
+        less = driver.submit(model, uid=71, cost_cycles=self.cycles(driver, 200))
         self.wait_ms(driver, 5)
         urgent = driver.submit(model, uid=72, cost_cycles=self.cycles(driver, 10))
         self.settle(driver)
