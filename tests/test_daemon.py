@@ -704,3 +704,14 @@ def test_an_undeclared_feature_is_one_clean_log_line(start: Callable[..., Daemon
     assert len(lines) == 1, daemon.log()
     assert "FeatureWarning: uid 0 uses the NPU without declaring the feature" in lines[0]
     assert "warnings.warn" not in daemon.log() and ".py:" not in daemon.log()
+
+
+def test_text_info_shows_the_health_readings(start: Callable[..., DaemonProcess]) -> None:
+    daemon = start("--health", "linux")
+    text = run_cli("info", "--socket", str(daemon.socket))
+    assert text.returncode == 0, text.stderr
+    assert "health:" in text.stdout, text.stdout
+    rows = text.stdout.split("health:", 1)[1]
+    assert "SOURCE" in rows and "linux" in rows, rows
+    if Path("/proc/pressure/memory").exists():
+        assert "system" in rows and "some avg10" in rows, rows

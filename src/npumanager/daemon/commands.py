@@ -170,6 +170,10 @@ def render_info(document: dict[str, Any]) -> str:
             ["DEVICE", "MEMORY GiB", "MODELS", "BUSY", "QUEUED", "TEMP C", "THERMAL"],
         )
     )
+    health = _health_rows(document.get("health") or {})
+    if health:
+        lines += ["", "health:"]
+        lines.append(format_table(health, ["SOURCE", "READING", "NAME", "VALUE", "LEVEL"]))
     sinks = document.get("sinks", {})
     if sinks:
         lines += ["", "sinks:"]
@@ -179,6 +183,29 @@ def render_info(document: dict[str, Any]) -> str:
         ]
         lines.append(format_table(rows, ["SINK", "DELIVERED", "DROPPED", "FAILED", "QUEUED"]))
     return "\n".join(lines)
+
+
+def _health_rows(health: dict[str, Any]) -> list[list[str]]:
+    """One row per reading of each health source: what it read and what that maps to."""
+    rows = []
+    for source in health.get("sources", []):
+        name = source["name"]
+        if source.get("error"):
+            rows.append([name, "error", "-", source["error"], "-"])
+        for memory in source.get("memory", []):
+            value = (
+                "-" if memory.get("some_avg10") is None else f"some avg10 {memory['some_avg10']}%"
+            )
+            rows.append([name, "memory", memory["name"], value, str(memory["level"])])
+        for zone in source.get("thermal", []):
+            temp = zone.get("temperature_mc")
+            value = "-" if temp is None else f"{temp / 1000:.1f} C"
+            rows.append([name, "thermal", zone["name"], value, str(zone["severity"])])
+        for device in source.get("devices", []):
+            now, top = device.get("frequency_mhz"), device.get("max_frequency_mhz")
+            value = "-" if now is None else f"{now}/{top if top is not None else '?'} MHz"
+            rows.append([name, "device", device["name"], value, "-"])
+    return rows
 
 
 def _paging_note(document: dict[str, Any], shown: int) -> list[str]:
