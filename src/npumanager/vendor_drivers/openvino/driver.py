@@ -104,7 +104,15 @@ def _nothing() -> None:
 class OvSession:
     """One model compiled for a device, with a pool of infer requests."""
 
-    def __init__(self, core: Any, model: Any, device: str, threads: int, props: dict[str, str]):
+    def __init__(
+        self,
+        core: Any,
+        model: Any,
+        device: str,
+        threads: int,
+        props: dict[str, str],
+        streams: int = 1,
+    ) -> None:
         self.weight_bytes = sum(
             int(op.get_byte_size())
             for op in model.get_ordered_ops()
@@ -115,6 +123,10 @@ class OvSession:
         config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
         if "INFERENCE_NUM_THREADS" in self._listed:
             config["INFERENCE_NUM_THREADS"] = threads
+        if "NUM_STREAMS" in self._listed:
+            # One stream per channel: with one, the plugin runs the channels' requests in
+            # turn, so a later urgent inference would wait for a running one.
+            config["NUM_STREAMS"] = streams
         config.update({k: v for k, v in props.items() if k in self._listed})
         try:
             self.compiled = core.compile_model(model, device, config)
@@ -247,5 +259,10 @@ class OpenVinoDriver(RealDriver):
     ) -> OvSession:
         props = band_properties(band, len(self.specs[device].bands))
         return OvSession(
-            self.core, _read(self.core, model, path), self.device, self.inference_threads, props
+            self.core,
+            _read(self.core, model, path),
+            self.device,
+            self.inference_threads,
+            props,
+            streams=self.specs[device].channels,
         )
