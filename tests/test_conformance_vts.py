@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 from npumanager.cli import main
+from npumanager.testing.rules import RULES
 from npumanager.testing.runner import FAIL, PASS, SKIP, parse_junit, run_suite
 
 
@@ -31,7 +32,7 @@ def test_vts_prints_a_table_and_exits_0(name: str, capsys: pytest.CaptureFixture
     assert main(["vts", "--driver", name]) == 0
     out = capsys.readouterr().out
     assert "test_RunInferencesPrioritized" in out
-    assert f"driver {name}: 23 pass, 0 fail, 0 skip" in out
+    assert f"driver {name}: {len(RULES)} pass, 0 fail, 0 skip" in out
 
 
 def test_the_state_machine_catches_a_driver_that_differs_from_the_reference() -> None:
@@ -114,6 +115,8 @@ def test_a_driver_that_breaks_a_rule_fails_naming_it() -> None:
     assert set(failed) == {
         "test_RunInferencesPrioritized",
         "test_PausedResumedPairing",
+        "test_FifoAfterPause",
+        "test_PausesLeastImportant",
         "test_RunInferenceFailsWithoutDirectAccess",
         "test_RunInferenceFailsWithoutAttributeOtherUid",
     }, output
@@ -160,3 +163,92 @@ def test_npu_driver_option_names_the_driver() -> None:
         source, pytest_args=("--npu-driver", "vnpu", "-k", "SetSchedulingConfigs")
     )
     assert [r.outcome for r in results] == [PASS] * 3, output
+
+
+def test_vts_list_prints_the_rules(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["vts", "--list"]) == 0
+    out = capsys.readouterr().out
+    for rule in RULES:
+        assert rule.test in out and rule.rule in out
+
+
+def test_the_rules_table_names_every_test_of_the_suite_and_contributing_shows_it() -> None:
+    from pathlib import Path
+
+    from npumanager.testing.suite import DriverSuite
+
+    tests = {name for name in dir(DriverSuite) if name.startswith("test_")}
+    assert tests == {r.test for r in RULES}
+    contributing = (Path(__file__).resolve().parents[1] / "CONTRIBUTING.md").read_text()
+    for rule in RULES:
+        assert f"| {rule.rule} | `{rule.test}` | {rule.capability} | {rule.must} |" in contributing
+
+
+def test_the_state_machine_reaches_every_feature_from_its_fixed_seed() -> None:
+    from npumanager.testing.stateful import FEATURES, check_against_reference
+    from npumanager.vendor_drivers.reference import ReferenceDriver
+
+    reached = check_against_reference(ReferenceDriver)
+    print("fraction of examples reaching each:", reached)
+    assert set(reached) == set(FEATURES)
+    assert all(fraction >= 0.2 for fraction in reached.values()), reached
+    assert check_against_reference(ReferenceDriver) == reached, "the same seed, the same run"
+
+
+def test_the_seed_is_an_option_and_pytest_addopts_is_respected(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--npu-seed 7")
+    results, output = run_suite(
+        "from npumanager.testing import DriverSuite\n\n"
+        "class TestSeeded(DriverSuite):\n    __test__ = True\n    driver_name = 'reference'\n",
+        pytest_args=("-k", "MatchesReferenceDevice or MemoryAccounting"),
+    )
+    assert [r.outcome for r in results] == [PASS, PASS], output
+
+
+def test_every_message_of_a_test_starts_with_its_rule() -> None:
+    import inspect
+    import re
+
+    from npumanager.testing.suite import DriverSuite
+
+    for rule in RULES:
+        source = inspect.getsource(getattr(DriverSuite, rule.test))
+        prefixes = set(re.findall(r'f?"([A-Z][A-Za-z0-9]+): ', source))
+        assert prefixes <= {rule.rule}, (rule.test, prefixes)
+
+
+def test_a_driver_that_raises_fails_the_test_naming_its_rule() -> None:
+    source = textwrap.dedent(
+        """
+        import pytest
+        from npumanager.testing import DriverSuite
+        from npumanager.vendor_drivers.reference import CAPABILITIES, ReferenceDriver
+
+
+        class CancelRaises(ReferenceDriver):
+            def cancel(self, work_id):
+                raise RuntimeError("firmware timeout")
+
+
+        class TestCancelRaises(DriverSuite):
+            __test__ = True
+
+            @pytest.fixture
+            def driver_factory(self):
+                return CancelRaises
+
+            @pytest.fixture
+            def driver_capabilities(self):
+                return CAPABILITIES
+        """
+    )
+    results, output = run_suite(source, pytest_args=("-k", "CancelSemantics"))
+    assert [(r.outcome, r.detail) for r in results] == [
+        (
+            FAIL,
+            "AssertionError: Cancel: expected the driver to raise nothing here; observed "
+            "RuntimeError: firmware timeout",
+        )
+    ], output

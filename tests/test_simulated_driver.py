@@ -24,6 +24,7 @@ from npumanager.errors import (
     UnknownWorkError,
 )
 from npumanager.schemas.device import DeviceSpec, ThermalSpec
+from npumanager.testing.base import Recorder, lifecycle
 from npumanager.vendor_drivers.reference import ReferenceDriver
 from npumanager.vendor_drivers.simulated import SimulatedDriver
 
@@ -56,18 +57,8 @@ def make(request: pytest.FixtureRequest) -> Callable[..., SimulatedDriver]:
         driver.close()
 
 
-def kinds(events: list[WorkEvent], work: int) -> list[tuple[str, str]]:
-    out = []
-    for e in events:
-        if e.id != work:
-            continue
-        if e.kind == EventKind.REQUESTED:
-            out.append(("REQUESTED", ""))
-        elif e.kind == EventKind.STARTED:
-            out.append(("STARTED", StartReason(e.reason).name))
-        else:
-            out.append(("ENDED", EndReason(e.reason).name))
-    return out
+kinds = lifecycle
+"""(kind, reason name) of one work id's events: the suite's helper."""
 
 
 def end_reason(events: list[WorkEvent], work: int) -> EndReason:
@@ -518,20 +509,6 @@ def test_set_replaces_update_upserts_empty_clears(make: Callable[..., SimulatedD
     model = driver.load_model(0, weight_bytes=1)
     work = driver.submit(model, uid=3, cost_cycles=1, job_priority=7)
     assert [e for e in driver.take_events() if e.id == work][0].effective_priority == 1007
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, WorkInfo, object]] = []
-
-    def on_work_requested(self, info: WorkInfo) -> None:
-        self.calls.append(("requested", info, None))
-
-    def on_work_started(self, info: WorkInfo, reason: StartReason) -> None:
-        self.calls.append(("started", info, reason))
-
-    def on_work_ended(self, info: WorkInfo, reason: EndReason) -> None:
-        self.calls.append(("ended", info, reason))
 
 
 def test_callback_gets_validated_work_info_debounced_by_default(

@@ -141,9 +141,17 @@ def cmd_vts(ctx: _Context) -> int:
     """Run the conformance suite on an installed driver; non-zero if any test fails."""
     from npumanager.testing.runner import FAIL, module_for, run_suite
 
+    if ctx.args.list:
+        from npumanager.testing.rules import table
+
+        print(format_table(table(), ["RULE", "TEST", "CAPABILITY", "A DRIVER MUST"]), file=ctx.out)
+        return 0
     name = ctx.args.driver
+    if name is None:
+        raise NpuManagerError("vts needs --driver NAME (or --list)")
     ctx.registry.driver(name)  # an unknown name is a one-line error listing the known ones
-    results, output = run_suite(module_for(name))
+    seed = () if ctx.args.seed is None else ("--npu-seed", str(ctx.args.seed))
+    results, output = run_suite(module_for(name), pytest_args=seed)
     failed = sum(r.outcome == FAIL for r in results)
     if ctx.args.json:
         rows = [{"test": r.name, "result": r.outcome, "detail": r.detail} for r in results]
@@ -245,7 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     config = add("config", cmd_config, "print the effective configuration and its sources")
     config.add_argument("--json", action="store_true", help="print JSON instead of a table")
     vts = add("vts", cmd_vts, "run the driver conformance suite on an installed driver")
-    vts.add_argument("--driver", required=True, metavar="NAME", help="the driver to test")
+    vts.add_argument("--driver", metavar="NAME", help="the driver to test")
+    vts.add_argument("--list", action="store_true", help="print the rules and their tests")
+    vts.add_argument(
+        "--seed", type=int, metavar="N", help="another seed for the state machine (default: fixed)"
+    )
     vts.add_argument("--json", action="store_true", help="print JSON instead of a table")
     vts.add_argument(
         "-v", "--verbose", action="store_true", help="print pytest's output when a test fails"

@@ -184,6 +184,14 @@ SHUTDOWN_FLUSH_S: Final = 2.0
 LOG_BURST: Final = 10
 """Lines one kind of client-caused log message may print per `LOG_WINDOW_S`."""
 LOG_WINDOW_S: Final = 10.0
+VTS_SEED: Final = 20_260_401
+"""The conformance suite's state machine seed unless `--seed` / `--npu-seed` names another."""
+VTS_EXAMPLES: Final = 40
+"""Examples the reference-matching state machine runs per driver."""
+VTS_STEPS: Final = 60
+"""Steps per example of the reference-matching state machine."""
+VTS_ID_ITEMS: Final = (1 << 16) + 64
+"""Work items the ids rule submits: past a 16-bit counter's wrap."""
 
 REAL_DEFAULT_CHANNELS: Final = 2
 """Execution channels (worker threads) a real-runtime device has unless told."""

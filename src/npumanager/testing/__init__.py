@@ -35,8 +35,11 @@ The driver interface the suite uses is the `Driver` protocol of `npumanager.core
 ``virtual_time`` the suite sleeps instead of advancing, polls ``device_state(n)`` for
 idleness and asserts nothing about timing.
 
-Every assertion message starts with the name of the HAL rule it checks, so a driver that
-breaks a rule fails with a message that names it.
+Every assertion message starts with the name of the HAL rule it checks and says what was
+expected and what was observed; `npumanager.testing.rules.RULES` lists the rules, their tests
+and the capability each needs (`npu-manager vts --list`). The suite's random choices (the
+reference-matching state machine, the memory sequence) come from a fixed seed: pass
+``--npu-seed N`` to pytest (or in ``PYTEST_ADDOPTS``), or ``npu-manager vts --seed N``.
 """
 
 from __future__ import annotations

@@ -5,9 +5,12 @@ modules, e.g. the cffi extension of `vnpu`) is loaded only when a fixture asks f
 
 - option ``--npu-driver NAME``: the driver a `DriverSuite` subclass without a
   ``driver_name`` runs on;
+- option ``--npu-seed N``: another seed than the suite's fixed one (also in
+  ``PYTEST_ADDOPTS``);
 - fixture ``npu_registry``: the installed plugins (session-scoped);
 - fixture ``npu_driver_record``: the record of ``--npu-driver``;
-- marker ``npu_driver``: documents that a test runs on a vendor driver.
+- marker ``npu_driver``: documents that a test runs on a vendor driver;
+- a `DriverSuite` test stopped by a driver's exception fails with the rule's name first.
 """
 
 from __future__ import annotations
@@ -30,12 +33,42 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="NAME",
         help="the installed driver a DriverSuite subclass without driver_name runs on",
     )
+    group.addoption(
+        "--npu-seed",
+        dest="npu_seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the seed of the suite's state machine and random sequences (default: fixed)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "npu_driver(name): the test runs the conformance suite on a vendor driver"
     )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> object:
+    """A suite test that a driver's exception stops fails naming its rule, like the others."""
+    try:
+        return (yield)
+    except Exception as exc:
+        cls = pyfuncitem.cls
+        if isinstance(exc, AssertionError) or cls is None:
+            raise
+        if not any(c.__module__ == "npumanager.testing.base" for c in cls.__mro__):
+            raise
+        from npumanager.testing.rules import RULES
+
+        rule = next((r.rule for r in RULES if r.test == pyfuncitem.originalname), None)
+        if rule is None:
+            raise
+        raise AssertionError(
+            f"{rule}: expected the driver to raise nothing here; observed "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
 
 
 @pytest.fixture(scope="session")

@@ -53,7 +53,6 @@ def run_suite(
         (root / "test_vts.py").write_text(module_source)
         report = root / "report.xml"
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-        env.pop("PYTEST_ADDOPTS", None)
         proc = subprocess.run(
             [
                 sys.executable,
