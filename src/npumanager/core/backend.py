@@ -60,6 +60,8 @@ class LocalBackend:
         self._advance = advance
         self._quiescent = quiescent
         self._warned_clients: set[int] = set()
+        self._real: object = None
+        """The driver once it was found to run real models (the check is not free)."""
 
     @property
     def clock(self) -> str:
@@ -254,11 +256,14 @@ class LocalBackend:
 
     def _real_driver(self) -> RealExecution:
         driver = self._d.driver
+        if self._real is driver:
+            return driver  # type: ignore[return-value]
         if not isinstance(driver, RealExecution):
             raise IllegalArgumentError(
                 f"driver {type(driver).__name__} runs no real models: load with weight_bytes= "
                 "and submit cost_cycles, or use a real driver (onnxruntime, openvino)"
             )
+        self._real = driver
         return driver
 
     def _check_attribution(self, manager: NpuManager, original_uid: int | None) -> None:

@@ -205,8 +205,9 @@ class OvSession:
                     )
 
     def close(self) -> None:
-        """Drop the compiled model and its requests."""
+        """Drop the compiled model and its requests now (their threads end with them)."""
         self._pool = queue.SimpleQueue()
+        self.compiled = None
 
 
 class OpenVinoDriver(RealDriver):

@@ -237,12 +237,13 @@ class RealDriver(Channels):
         feeds = chain_inputs(TIMED_CALIBRATION_ROWS)
         session.run(feeds, Call(False))
         times = []
-        for _ in range(3):
+        for _ in range(5):
             start = time.perf_counter_ns()
             session.run(feeds, Call(False))
             times.append(time.perf_counter_ns() - start)
         with self._lock:
-            self._models[handle].row_us = sorted(times)[1] / 1000 / TIMED_CALIBRATION_ROWS
+            # the fastest run: on a loaded machine work then lasts at least what was asked
+            self._models[handle].row_us = min(times) / 1000 / TIMED_CALIBRATION_ROWS
         return handle
 
     def timed_inputs(self, model: int, ms: float) -> dict[str, np.ndarray]:

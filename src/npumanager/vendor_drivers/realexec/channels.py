@@ -7,8 +7,6 @@ happened. `RealDriver` (`realexec.base`) adds models and submission on top.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -116,9 +114,6 @@ class Channels(DriverBase):
         self._busy = 0
         self._closed = False
         self._t0 = time.monotonic_ns()
-        self._rfd, self._wfd = os.pipe()
-        os.set_blocking(self._rfd, False)
-        self._signalled = False
         self._threads = [
             threading.Thread(target=self._worker, args=(d, c), daemon=True, name=f"npu{d}.{c}")
             for d, spec in enumerate(self.specs)
@@ -140,10 +135,6 @@ class Channels(DriverBase):
     def now_us(self) -> int:
         """Microseconds of the monotonic clock since the driver opened."""
         return (time.monotonic_ns() - self._t0) // 1000
-
-    def fileno(self) -> int:
-        """Readable while events wait for `pump`."""
-        return self._rfd
 
     def cancel(self, work_id: int) -> None:
         """End live work CANCELLED_USER now: queued, it never runs; running, it is stopped."""
@@ -292,19 +283,12 @@ class Channels(DriverBase):
                 work.effective_priority, t // 1000, work.device, t, work.model,
             )
         )  # fmt: skip
-        if not self._signalled:
-            self._signalled = True
-            os.write(self._wfd, b"!")
 
     def pump(self) -> None:
         """Hand the events since the last call to the callback (or keep them)."""
         with self._pump_lock:
             with self._lock:
                 events, self._events = self._events, []
-                if self._signalled:
-                    self._signalled = False
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._rfd, 64)
             self._hand_over(events, self.now_us)
 
     def take_events(self) -> list[WorkEvent]:
@@ -351,8 +335,6 @@ class Channels(DriverBase):
             if entry.session is not None:
                 entry.session.close()
         self._models.clear()
-        os.close(self._rfd)
-        os.close(self._wfd)
 
     def __enter__(self) -> Channels:
         return self
