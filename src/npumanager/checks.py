@@ -9,8 +9,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from npumanager.errors import IllegalArgumentError
+from npumanager.errors import IllegalArgumentError, UnknownDeviceError
 from npumanager.schemas import NpuUuid
+from npumanager.schemas.limits import INT32_MAX
 
 GroupId = NpuUuid | uuid.UUID | bytes | str
 """The forms a work item's group id may be given in."""
@@ -25,6 +26,14 @@ def check_int(name: str, value: Any, low: int, high: int) -> int:
     number: int = value
     if not low <= number <= high:
         raise IllegalArgumentError(f"{name} must be within {low}..{high}; got {number}")
+    return number
+
+
+def check_device(device: Any, count: int) -> int:
+    """`device` if it numbers one of `count` devices, else an error naming the range."""
+    number = check_int("device", device, 0, INT32_MAX)
+    if number >= count:
+        raise UnknownDeviceError(f"device {number} does not exist; devices are 0..{count - 1}")
     return number
 
 

@@ -166,10 +166,7 @@ class LocalBackend:
             d.requests.check_allowance(record, declared, weight_bytes)
             device = record.device or 0
             handle = d.driver.load_model(device, weight_bytes=weight_bytes, sram_bytes=sram_bytes)
-            model = LoadedModel(manager, request, handle, device, weight_bytes=weight_bytes)
-            record.models.append(model)
-            d.telemetry.health_changed()
-            return model
+            return self._keep(record, manager, request, handle, device, weight_bytes)
 
     def load_real_model(
         self,
@@ -196,10 +193,7 @@ class LocalBackend:
             except Exception:
                 d.driver.unload_model(handle)
                 raise
-            loaded = LoadedModel(manager, request, handle, device, weight_bytes=weight)
-            record.models.append(loaded)
-            d.telemetry.health_changed()
-            return loaded
+            return self._keep(record, manager, request, handle, device, weight)
 
     def submit_inference(
         self,
@@ -242,6 +236,21 @@ class LocalBackend:
         channel is free and nothing waits, outside the service lock."""
         handle = self.submit_inference(model, inputs, job_priority, None, None, None, inline=True)
         return self._real_driver().outputs(handle, timeout)
+
+    def _keep(
+        self,
+        record: RequestRecord,
+        manager: NpuManager,
+        request: ModelLoadRequest,
+        handle: int,
+        device: int,
+        weight_bytes: int,
+    ) -> LoadedModel:
+        """Record a model just loaded under a request (service lock held)."""
+        model = LoadedModel(manager, request, handle, device, weight_bytes=weight_bytes)
+        record.models.append(model)
+        self._d.telemetry.health_changed()
+        return model
 
     def _granted(self, manager: NpuManager, request: ModelLoadRequest) -> RequestRecord:
         """The record of a live request that may load models now (service lock held)."""

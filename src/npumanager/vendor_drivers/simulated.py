@@ -13,10 +13,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from npumanager.checks import GroupId, check_int, group_bytes
+from npumanager.checks import GroupId, check_device, check_int, group_bytes
 from npumanager.core.driver import Driver, DriverBase
 from npumanager.core.events import WorkEvent
-from npumanager.errors import DriverClosedError, IllegalArgumentError, UnknownDeviceError
+from npumanager.errors import DriverClosedError, IllegalArgumentError
 from npumanager.schemas import EndReason, SchedulingConfig
 from npumanager.schemas.device import DeviceDescription, DeviceSpec, DeviceStatus
 from npumanager.schemas.limits import (
@@ -356,12 +356,7 @@ class EngineDriver(DriverBase):
             raise DriverClosedError("the driver is closed")
 
     def _device(self, device: int) -> int:
-        device = check_int("device", device, 0, INT32_MAX)
-        if device >= len(self.specs):
-            raise UnknownDeviceError(
-                f"device {device} does not exist; devices are 0..{len(self.specs) - 1}"
-            )
-        return device
+        return check_device(device, len(self.specs))
 
     @staticmethod
     def _feature(feature_id: str | None) -> str | None:

@@ -15,14 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from npumanager.checks import check_int
+from npumanager.checks import check_device, check_int
 from npumanager.core.driver import DriverBase
 from npumanager.core.events import EventKind, WorkEvent
 from npumanager.core.scheduler import DeviceScheduler, Job
 from npumanager.errors import (
     DriverClosedError,
     IllegalArgumentError,
-    UnknownDeviceError,
     UnknownWorkError,
 )
 from npumanager.schemas import EndReason, SchedulingConfig, StartReason
@@ -347,12 +346,7 @@ class Channels(DriverBase):
             raise DriverClosedError("the driver is closed")
 
     def _device(self, device: int) -> int:
-        device = check_int("device", device, 0, INT32_MAX)
-        if device >= len(self.specs):
-            raise UnknownDeviceError(
-                f"device {device} does not exist; devices are 0..{len(self.specs) - 1}"
-            )
-        return device
+        return check_device(device, len(self.specs))
 
 
 __all__ = ["Channels", "ExecutionError", "Model", "Work"]
