@@ -96,7 +96,8 @@ RULES: tuple[Rule, ...] = (
         "RunInferencesPrioritized",
         "test_RunInferencesPrioritized",
         ALL,
-        "more important work submitted later finishes first",
+        "more important work submitted later finishes first (without preemption: starts on "
+        "a free channel at once)",
     ),
     Rule(
         "RunInferenceFailsWithoutDirectAccess",
