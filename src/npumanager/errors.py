@@ -85,3 +85,7 @@ class DaemonError(NpuManagerError):
 
 class QuotaExceededError(NpuManagerError, PermissionError):
     """A daemon client is at one of its uid's limits (connections, requests, models)."""
+
+
+class ExecutionError(NpuManagerError, RuntimeError):
+    """The runtime failed an inference (the work ended FAILED); the runtime's message."""

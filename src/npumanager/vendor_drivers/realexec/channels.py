@@ -21,6 +21,7 @@ from npumanager.core.events import EventKind, WorkEvent
 from npumanager.core.scheduler import DeviceScheduler, Job
 from npumanager.errors import (
     DriverClosedError,
+    ExecutionError,
     IllegalArgumentError,
     UnknownWorkError,
 )
@@ -40,10 +41,6 @@ from npumanager.schemas.limits import (
 )
 from npumanager.vendor_drivers.realexec.session import Call, Session, is_background
 from npumanager.vendor_drivers.realexec.work import WorkFuture, effective_priority
-
-
-class ExecutionError(RuntimeError):
-    """The runtime failed an inference (the work ended FAILED); the runtime's message."""
 
 
 @dataclass(eq=False, kw_only=True)
