@@ -19,13 +19,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from npumanager.daemon.tensors import DtypeName
 from npumanager.errors import NpuManagerError
 from npumanager.schemas import ModelLoadRequest, NpuUuid
 from npumanager.schemas.limits import (
     DEFAULT_INFO_LIMIT,
     FRAME_HEADER_BYTES,
+    INT32_MAX,
     MAX_FRAME_BYTES,
     MAX_INFO_LIMIT,
+    MAX_TENSOR_DIMS,
+    MAX_WIRE_TENSORS,
     PROTOCOL_VERSION,
     UID_MAX,
 )
@@ -121,6 +125,68 @@ class CancelWork(Call):
     work_id: NonNegativeInt64
 
 
+class Span(WireModel):
+    """A stretch of the connection's shared segment: `size` bytes from `offset`."""
+
+    offset: NonNegativeInt64
+    size: NonNegativeInt64
+
+
+class Tensor(WireModel):
+    """One array in the shared segment: C-contiguous, `nbytes` from `offset`."""
+
+    name: Annotated[str, Field(max_length=256)]
+    dtype: DtypeName
+    shape: Annotated[
+        list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(max_length=MAX_TENSOR_DIMS)
+    ]
+    offset: NonNegativeInt64
+    nbytes: NonNegativeInt64
+
+
+class Attach(Call):
+    """Attach the connection's shared segment for tensors: a memfd of `size` bytes, sealed
+    against shrinking, sent with this frame (SCM_RIGHTS). Once per connection."""
+
+    op: Literal["attach"] = "attach"
+    size: NonNegativeInt64
+
+
+class LoadRealModel(Call):
+    """`load_model(model=... or path=...)`: the model file comes with this frame as a
+    descriptor (`descriptor`), or its bytes lie in the shared segment (`span`). The reply's
+    result is `{"model", "device", "weight_bytes", "inputs"}`."""
+
+    op: Literal["load_real"] = "load_real"
+    request_id: NonNegativeInt64
+    sram_bytes: NonNegativeInt64 = 0
+    descriptor: bool = False
+    span: Span | None = None
+
+
+class Infer(Call):
+    """`LoadedModel.submit(inputs)`: the reply's result is `{"work_id": id}`; a `WorkEnded`
+    with this seq follows when the work ends, its outputs written inside `out`."""
+
+    op: Literal["infer"] = "infer"
+    model: Int32
+    inputs: Annotated[list[Tensor], Field(max_length=MAX_WIRE_TENSORS)]
+    out: Span
+    job_priority: Priority = 0
+    original_uid: Uid | None = None
+    group_id: NpuUuid | None = None
+    feature_id: Annotated[str, Field(max_length=256)] | None = None
+
+
+class FetchResult(Call):
+    """Write the outputs the daemon held for inference `call_seq` (too large for its region)
+    into `out`; the reply's result is `{"outputs": [Tensor, ...]}`."""
+
+    op: Literal["fetch"] = "fetch"
+    call_seq: NonNegativeInt64
+    out: Span
+
+
 class SetPolicy(Call):
     """Swap the policy (management permission)."""
 
@@ -171,7 +237,11 @@ ClientMessage = Annotated[
     | SetPolicy
     | SetImportance
     | SetAccess
-    | Info,
+    | Info
+    | Attach
+    | LoadRealModel
+    | Infer
+    | FetchResult,
     Field(discriminator="op"),
 ]
 
@@ -231,8 +301,22 @@ class Completed(WireModel):
     status: Int32
 
 
+class WorkEnded(WireModel):
+    """The inference of call `call_seq` ended (`reason`, an EndReason): its outputs in the
+    client's region, or `held_bytes` to fetch them with, or the error that failed it."""
+
+    op: Literal["ended"] = "ended"
+    call_seq: NonNegativeInt64
+    work_id: NonNegativeInt64
+    reason: Int32
+    outputs: Annotated[list[Tensor], Field(max_length=MAX_WIRE_TENSORS)] | None = None
+    held_bytes: NonNegativeInt64 | None = None
+    kind: Annotated[str, Field(max_length=64)] | None = None
+    message: Annotated[str, Field(max_length=4096)] | None = None
+
+
 DaemonMessage = Annotated[
-    Welcome | Reply | Error | Decision | UnloadAsked | Completed,
+    Welcome | Reply | Error | Decision | UnloadAsked | Completed | WorkEnded,
     Field(discriminator="op"),
 ]
 

@@ -29,8 +29,10 @@ from npumanager.schemas.limits import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_BUFFERED_BYTES,
     DEFAULT_MAX_CONNECTIONS_PER_UID,
+    DEFAULT_MAX_MODEL_FILE_BYTES,
     DEFAULT_MAX_MODELS_PER_UID,
     DEFAULT_MAX_REQUESTS_PER_UID,
+    DEFAULT_MAX_SHARED_BYTES,
     DEFAULT_UNLOAD_GRACE_MS,
     INT32_MAX,
 )
@@ -151,6 +153,22 @@ def add_serve(add: Add) -> None:
         f"(default {DEFAULT_MAX_BUFFERED_BYTES // _MIB})",
     )
     limits.add_argument(
+        "--max-shared-mib",
+        type=_positive,
+        default=DEFAULT_MAX_SHARED_BYTES // _MIB,
+        metavar="MIB",
+        help="the largest shared-memory segment one connection may attach for its tensors "
+        f"(default {DEFAULT_MAX_SHARED_BYTES // _MIB})",
+    )
+    limits.add_argument(
+        "--max-model-mib",
+        type=_positive,
+        default=DEFAULT_MAX_MODEL_FILE_BYTES // _MIB,
+        metavar="MIB",
+        help="the largest model file the daemon reads from a client's descriptor "
+        f"(default {DEFAULT_MAX_MODEL_FILE_BYTES // _MIB})",
+    )
+    limits.add_argument(
         "--idle-timeout",
         type=_seconds,
         default=DEFAULT_IDLE_TIMEOUT_S,
@@ -182,6 +200,8 @@ def limits_of(args: argparse.Namespace) -> DaemonLimits:
         max_models_per_uid=args.max_models_per_uid,
         max_buffered_bytes=args.max_buffered_mib * _MIB,
         idle_timeout_s=args.idle_timeout,
+        max_shared_bytes=args.max_shared_mib * _MIB,
+        max_model_file_bytes=args.max_model_mib * _MIB,
     )
 
 
