@@ -67,20 +67,24 @@ class InferenceCalls:
             os.close(fd)
 
     def on_load_real(self, connection: Connection, message: p.LoadRealModel) -> dict[str, Any]:
-        if message.descriptor == (message.span is not None):
-            raise IllegalArgumentError(
-                "load_real takes the model as a descriptor sent with the frame or as a span "
-                "of the shared segment, exactly one"
-            )
-        request = self.calls.live(connection, message.request_id)
-        connection.check_quota("models")
-        if message.span is not None:
-            model = self._segment(connection).bytes_at(message.span)
-        else:
-            fd = connection.take_descriptor("load_real")
-            try:
+        # The descriptor is taken first, so that one sent with a refused frame is not left
+        # for the next.
+        fd = connection.take_descriptor("load_real") if message.descriptor else None
+        try:
+            if message.descriptor == (message.span is not None):
+                raise IllegalArgumentError(
+                    "load_real takes the model as a descriptor sent with the frame or as a "
+                    "span of the shared segment, exactly one"
+                )
+            request = self.calls.live(connection, message.request_id)
+            connection.check_quota("models")
+            if fd is not None:
                 model = read_model_file(fd, self.max_model_file_bytes)
-            finally:
+            else:
+                assert message.span is not None
+                model = self._segment(connection).bytes_at(message.span)
+        finally:
+            if fd is not None:
                 os.close(fd)
         manager = self.calls.manager_of(connection)
         loaded = self.backend.load_real_model(manager, request, model, None, message.sram_bytes)

@@ -13,6 +13,7 @@ No frame carries a uid or a pid: identity is the kernel's (SO_PEERCRED), never a
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
@@ -26,6 +27,7 @@ from npumanager.schemas.limits import (
     DEFAULT_INFO_LIMIT,
     FRAME_HEADER_BYTES,
     INT32_MAX,
+    INT64_MAX,
     MAX_FRAME_BYTES,
     MAX_INFO_LIMIT,
     MAX_TENSOR_DIMS,
@@ -382,6 +384,25 @@ def parse_daemon(body: bytes) -> DaemonMessage:
         return _DAEMON.validate_json(body)
     except ValidationError as exc:
         raise ProtocolError(_describe(exc)) from None
+
+
+_ANSWERED_WHEN_MALFORMED = frozenset({"attach", "load_real", "infer", "fetch"})
+"""Calls whose malformed frames get an error reply instead of closing the connection: their
+tensors and spans are where a client's own mistakes land."""
+
+
+def answerable_seq(body: bytes) -> int | None:
+    """The seq of a malformed frame that is one of the real-inference calls, else None."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(document, dict) or document.get("op") not in _ANSWERED_WHEN_MALFORMED:
+        return None
+    seq = document.get("seq")
+    if type(seq) is not int or not 0 <= seq <= INT64_MAX:
+        return None
+    return seq
 
 
 def _describe(exc: ValidationError) -> str:

@@ -17,6 +17,7 @@ from npumanager.daemon.options import (
     Add,
     CommandContext,
     budget_options,
+    parse_driver_option,
     parse_sink,
     policy_params,
     socket_option,
@@ -80,6 +81,14 @@ def add_serve(add: Add) -> None:
     budget_options(serve)
     serve.add_argument(
         "--devices", type=int, default=1, metavar="N", help="devices of a simulated driver"
+    )
+    serve.add_argument(
+        "--driver-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the driver, e.g. capacity_bytes=1073741824, channels=2 or, for "
+        "openvino, device=CPU (repeatable)",
     )
     serve.add_argument(
         "--socket-group",
@@ -283,6 +292,7 @@ def cmd_serve(ctx: CommandContext) -> int:
         policy_params=policy_params(args.policy, args),
         clock="real",
         devices=args.devices,
+        driver_options=dict(map(parse_driver_option, args.driver_option)),
         attribution_uids=args.attribution_uid,
         unload_grace_ms=args.unload_grace_ms,
         health_interval_ms=args.health_interval_ms,
