@@ -95,7 +95,52 @@ CLIENT_MESSAGES: list[p.WireModel] = [
     p.SetImportance(seq=10, uid=10001, importance=100),
     p.SetAccess(seq=11, uid=10001, has_direct_access=False),
     p.Info(seq=12),
+    p.Attach(seq=13, size=1 << 20),
+    p.LoadRealModel(seq=14, request_id=5, descriptor=True),
+    p.LoadRealModel(seq=15, request_id=5, span=p.Span(offset=64, size=100)),
+    p.Infer(
+        seq=16,
+        model=3,
+        inputs=[p.Tensor(name="x", dtype="float32", shape=[2, 3], offset=0, nbytes=24)],
+        out=p.Span(offset=64, size=64),
+        job_priority=2,
+    ),
+    p.FetchResult(seq=17, call_seq=16, out=p.Span(offset=0, size=4096)),
 ]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        p.WorkEnded(
+            call_seq=16,
+            work_id=4,
+            reason=0,
+            outputs=[p.Tensor(name="0", dtype="int64", shape=[1], offset=64, nbytes=8)],
+        ),
+        p.WorkEnded(call_seq=16, work_id=4, reason=0, held_bytes=1 << 20),
+        p.WorkEnded(call_seq=16, work_id=4, reason=3, kind="ExecutionError", message="boom"),
+    ],
+)
+def test_work_ended_frames_round_trip(message: p.WireModel) -> None:
+    (body,) = list(p.FrameReader().feed(p.encode(message)))
+    assert p.parse_daemon(body) == message
+
+
+@pytest.mark.parametrize(
+    ("body", "seq"),
+    [
+        (b'{"op":"infer","seq":7,"model":"x"}', 7),
+        (b'{"op":"attach","seq":0}', 0),
+        (b'{"op":"infer","seq":-1}', None),
+        (b'{"op":"infer","seq":true}', None),
+        (b'{"op":"submit","seq":7,"model":"x"}', None),
+        (b"not json", None),
+        (b"[1]", None),
+    ],
+)
+def test_only_malformed_real_inference_calls_are_answered(body: bytes, seq: int | None) -> None:
+    assert p.answerable_seq(body) == seq
 
 
 @pytest.mark.parametrize("message", CLIENT_MESSAGES, ids=lambda m: type(m).__name__)
