@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from npumanager.core.client import LoadedModel, NpuManager
 from npumanager.core.dispatch import Task
@@ -20,8 +20,16 @@ from npumanager.daemon.peer import PeerCredentials
 from npumanager.errors import NpuPermissionError, UnknownModelError, UnknownRequestError
 from npumanager.schemas import ModelLoadRequest
 
-Handler = Callable[[Connection, Any], dict[str, Any] | bytes | None]
-"""A call's handler: its result as a dict, as JSON already encoded, or None."""
+
+class NoReply:
+    """What a handler returns when its call is answered later, or not at all."""
+
+
+NO_REPLY: Final = NoReply()
+
+Handler = Callable[[Connection, Any], dict[str, Any] | bytes | NoReply | None]
+"""A call's handler: its result as a dict, as JSON already encoded, None (an empty reply),
+or `NO_REPLY`."""
 
 
 class Calls:

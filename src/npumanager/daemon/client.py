@@ -375,6 +375,23 @@ class DaemonClient:
         """One call (with descriptors sent alongside, if any); its result or its error."""
         return self._call(kind, seq=seq, fds=fds, **fields)
 
+    def send_only(self, kind: type[p.Call], seq: int, **fields: Any) -> None:
+        """Send one call without waiting: its answer goes to whoever expects `seq`."""
+        self.send_frame(p.encode(kind(seq=seq, **fields)))
+
+    def send_frame(self, frame: bytes) -> None:
+        """Send one encoded call without waiting for its answer."""
+        if self._lost is not None:
+            raise DaemonUnavailableError(self._lost)
+        if self._closed:
+            raise DaemonUnavailableError("this connection to the daemon is closed")
+        try:
+            with self._send_lock:
+                self._sock.sendall(frame)
+        except OSError:
+            self._lose("the daemon closed the connection")
+            raise DaemonUnavailableError(self._lost or "the daemon closed the connection") from None
+
     @staticmethod
     def error_class(kind: str | None) -> type[Exception]:
         """The exception class the daemon named (`ExecutionError` when it names none)."""
@@ -470,6 +487,9 @@ class DaemonClient:
         if isinstance(message, p.Reply | p.Error) and message.seq is not None:
             pending = self._pending.pop(message.seq, None)
             if pending is None:
+                if isinstance(message, p.Error):
+                    error = _ERRORS.get(message.kind, DaemonError)(message.message)
+                    self._inference.refused(message.seq, error)
                 return
             if isinstance(message, p.Error):
                 pending.error = _ERRORS.get(message.kind, DaemonError)(message.message)

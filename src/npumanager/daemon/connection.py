@@ -12,6 +12,7 @@ import contextlib
 import os
 import selectors
 import socket
+import threading
 import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
@@ -63,6 +64,9 @@ class Connection:
         self.usage = usage
         self.reader = p.FrameReader()
         self.outbox = bytearray()
+        self.write_lock = threading.Lock()
+        """Held to change the outbox, to write the socket, and to mark the connection closed:
+        a worker thread may send a finished inference's frame itself (`send_now`)."""
         self.manager: NpuManager | None = None
         self.requests: set[int] = set()
         """The ids of this client's live requests (the service keeps the records)."""
@@ -104,8 +108,25 @@ class Connection:
         """Queue an encoded frame; it leaves at the end of the loop's turn."""
         if self.closed:
             return
-        self.outbox += frame
+        with self.write_lock:
+            self.outbox += frame
         self._outlet.queued(self, len(frame))
+
+    def send_now(self, frame: bytes) -> int:
+        """From a worker thread: send `frame` at once when nothing waits before it. The
+        bytes left in the outbox for the loop to account and write (0: all sent), or -1
+        when nothing was sent and the caller must queue the frame through the loop."""
+        with self.write_lock:
+            if self.closed or self.outbox or self.paused:
+                return -1
+            try:
+                sent = self.sock.send(frame)
+            except OSError:  # full (BlockingIOError) or broken: the loop deals with it
+                return -1
+            left = len(frame) - sent
+            if left:
+                self.outbox += frame[sent:]
+            return left
 
     def received_descriptors(self, fds: list[int]) -> bool:
         """Keep descriptors the client sent; False (all closed) past `MAX_PENDING_DESCRIPTORS`."""
@@ -128,6 +149,11 @@ class Connection:
         while self.descriptors:
             with contextlib.suppress(OSError):
                 os.close(self.descriptors.popleft())
+
+    def queued_by_worker(self, nbytes: int) -> None:
+        """On the loop: account the rest of a frame `send_now` could not send at once."""
+        if not self.closed:
+            self._outlet.queued(self, nbytes)
 
     def add_request(self, request_id: int) -> None:
         """Count and remember a live request (`QuotaExceededError` past the uid's cap)."""

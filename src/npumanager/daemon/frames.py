@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from npumanager.core.service import Service
 from npumanager.daemon import protocol as p
-from npumanager.daemon.calls import Handler
+from npumanager.daemon.calls import Handler, NoReply
 from npumanager.daemon.connection import Connection
 from npumanager.daemon.info import InfoCache
 from npumanager.daemon.stats import DaemonStats
@@ -82,6 +82,8 @@ class FrameHandler:
             return
         # The call's own callbacks go first, as they run before an in-process call returns.
         self._run_ready()
+        if isinstance(result, NoReply):
+            return
         if result is None:
             connection.send_frame(p.reply_frame(seq))
         elif isinstance(result, bytes):

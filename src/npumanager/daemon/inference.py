@@ -20,7 +20,7 @@ from npumanager.checks import group_bytes
 from npumanager.core.dispatch import Task
 from npumanager.core.service import Service
 from npumanager.daemon import protocol as p
-from npumanager.daemon.calls import Calls
+from npumanager.daemon.calls import NO_REPLY, Calls, NoReply
 from npumanager.daemon.connection import Connection
 from npumanager.daemon.frames import clip
 from npumanager.daemon.segment import SharedSegment, read_model_file
@@ -92,7 +92,7 @@ class InferenceCalls:
         weight = loaded.weight_bytes
         return {"model": loaded.handle, "device": loaded.device, "weight_bytes": weight}
 
-    def on_infer(self, connection: Connection, message: p.Infer) -> dict[str, Any]:
+    def on_infer(self, connection: Connection, message: p.Infer) -> dict[str, Any] | NoReply:
         segment = self._segment(connection)
         segment.check(message.out, "the output region")
         feeds = segment.inputs(message.inputs)
@@ -109,7 +109,7 @@ class InferenceCalls:
         connection.inferences[work.work_id] = message.seq
         done = _Ended(weakref.ref(connection), segment, message, work.work_id, self._post)
         work.add_done_callback(done)
-        return {"work_id": work.work_id}
+        return {"work_id": work.work_id} if message.ack else NO_REPLY
 
     def on_fetch(self, connection: Connection, message: p.FetchResult) -> dict[str, Any]:
         segment = self._segment(connection)
@@ -117,14 +117,14 @@ class InferenceCalls:
         outputs = connection.held.get(message.call_seq)
         if outputs is None:
             raise UnknownWorkError(f"no outputs are held for call {message.call_seq}")
-        refs = segment.write(outputs, message.out)
-        if isinstance(refs, int):
+        placed = segment.write(outputs, message.out)
+        if isinstance(placed, int):
             raise CapacityError(
-                f"the outputs of call {message.call_seq} need {refs} bytes; the region "
+                f"the outputs of call {message.call_seq} need {placed} bytes; the region "
                 f"holds {message.out.size}"
             )
         del connection.held[message.call_seq]
-        return {"outputs": [ref.model_dump() for ref in refs]}
+        return {"outputs": [out.tensor().model_dump() for out in placed]}
 
     @staticmethod
     def _segment(connection: Connection) -> SharedSegment:
@@ -165,16 +165,33 @@ class _Ended:
         else:
             outputs = future.result()
             try:
-                refs = self.segment.write(outputs, self.out)
+                placed = self.segment.write(outputs, self.out)
             except IllegalArgumentError as exc:
                 ended = self._frame(EndReason.FAILED, kind=type(exc).__name__, message=str(exc))
             else:
-                if isinstance(refs, int):
+                if isinstance(placed, int):
                     held = outputs
-                    ended = self._frame(EndReason.COMPLETED, held_bytes=refs)
+                    ended = self._frame(EndReason.COMPLETED, held_bytes=placed)
                 else:
-                    ended = self._frame(EndReason.COMPLETED, outputs=refs)
+                    frame = p.ended_frame(self.seq, self.work_id, [out.json() for out in placed])
+                    if self._send_now(frame):
+                        return
+                    ended = self._frame(EndReason.COMPLETED, outputs=[o.tensor() for o in placed])
         self.post(lambda: self._deliver(ended, held))
+
+    def _send_now(self, frame: bytes) -> bool:
+        """Send a completion from the worker thread itself when nothing waits before it
+        (one hand-over to the loop less); False when the loop must queue it."""
+        connection = self.connection()
+        if connection is None:
+            return True
+        left = connection.send_now(frame)
+        if left < 0:
+            return False
+        connection.inferences.pop(self.work_id, None)
+        if left:
+            self.post(lambda: connection.queued_by_worker(left))
+        return True
 
     def _frame(self, reason: EndReason, **fields: Any) -> p.WorkEnded:
         return p.WorkEnded(call_seq=self.seq, work_id=self.work_id, reason=int(reason), **fields)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from npumanager.daemon.tensors import DtypeName
 from npumanager.errors import NpuManagerError
-from npumanager.schemas import ModelLoadRequest, NpuUuid
+from npumanager.schemas import EndReason, ModelLoadRequest, NpuUuid
 from npumanager.schemas.limits import (
     DEFAULT_INFO_LIMIT,
     FRAME_HEADER_BYTES,
@@ -168,9 +168,12 @@ class LoadRealModel(Call):
 
 class Infer(Call):
     """`LoadedModel.submit(inputs)`: the reply's result is `{"work_id": id}`; a `WorkEnded`
-    with this seq follows when the work ends, its outputs written inside `out`."""
+    with this seq follows when the work ends, its outputs written inside `out`. Without
+    `ack` there is no reply when the work starts (`LoadedModel.run` waits only for its end);
+    an error still comes as an `error` with this seq."""
 
     op: Literal["infer"] = "infer"
+    ack: bool = True
     model: Int32
     inputs: Annotated[list[Tensor], Field(max_length=MAX_WIRE_TENSORS)]
     out: Span
@@ -368,6 +371,46 @@ def unload_frame(request_id: int, reason: int | None) -> bytes:
 def complete_frame(request_id: int, status: int) -> bytes:
     """`encode(Completed(...))` without building the model."""
     return _framed(b'{"op":"complete","request_id":%d,"status":%d}' % (request_id, status))
+
+
+_COMPLETED = int(EndReason.COMPLETED)
+
+
+def tensor_json(name: str, dtype: str, shape: tuple[int, ...], offset: int, nbytes: int) -> str:
+    """One `Tensor` as JSON, without building the model (the hot path of an inference)."""
+    dims = ",".join(map(str, shape))
+    return (
+        f'{{"name":{json.dumps(name)},"dtype":"{dtype}","shape":[{dims}],'
+        f'"offset":{offset},"nbytes":{nbytes}}}'
+    )
+
+
+def infer_frame(
+    seq: int,
+    model: int,
+    tensors: list[str],
+    out: tuple[int, int],
+    ack: bool,
+    job_priority: int = 0,
+) -> bytes:
+    """`encode(Infer(...))` with no attribution, group or feature, from tensors as JSON."""
+    body = (
+        f'{{"op":"infer","seq":{seq},"model":{model},"inputs":[{",".join(tensors)}],'
+        f'"out":{{"offset":{out[0]},"size":{out[1]}}},"job_priority":{job_priority},'
+        f'"ack":{"true" if ack else "false"}}}'
+    ).encode()
+    if len(body) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"an infer frame of {len(body)} bytes is over the limit")
+    return _framed(body)
+
+
+def ended_frame(call_seq: int, work_id: int, tensors: list[str]) -> bytes:
+    """`encode(WorkEnded(...))` of a completed inference, from its outputs as JSON."""
+    body = (
+        f'{{"op":"ended","call_seq":{call_seq},"work_id":{work_id},"reason":{_COMPLETED},'
+        f'"outputs":[{",".join(tensors)}]}}'
+    ).encode()
+    return _framed(body)
 
 
 def parse_client(body: bytes) -> ClientMessage:

@@ -53,6 +53,10 @@ class _Wire(Protocol):
 
     def error_class(self, kind: str | None) -> type[Exception]: ...
 
+    def send_only(self, kind: type[p.Call], seq: int, **fields: Any) -> None: ...
+
+    def send_frame(self, frame: bytes) -> None: ...
+
 
 class RemoteWork(Future[list[np.ndarray]]):
     """One inference in the daemon: a future of its outputs; `cancel()` cancels the work
@@ -168,42 +172,45 @@ class RemoteInference:
         original_uid: int | None,
         group_id: GroupId | None,
         feature_id: str | None,
+        *,
+        ack: bool = True,
     ) -> RemoteWork:
-        """Write the inputs into a region of the segment and start the inference there."""
-        names, arrays = _arrays(inputs)
-        offsets, in_size = tensors.layout(arrays)
+        """Write the inputs into a region of the segment and start the inference there;
+        with `ack`, wait until the daemon has queued it (its work id known, a refusal
+        raised here), else return at once (a refusal fails the future)."""
+        arrays = _arrays(inputs)
+        offsets, in_size = tensors.layout([array for _, _, array in arrays])
         room = max(in_size, self._out_bytes.get(model.handle, _DEFAULT_OUT_BYTES))
         segment = self.segment()
         base = segment.allocate(room, self._wire.timeout_s)
         refs = []
-        for name, array, offset in zip(names, arrays, offsets, strict=True):
-            target = tensors.view(segment.memory, array.dtype.name, array.shape, base + offset)
-            np.copyto(target, array)
-            refs.append(
-                p.Tensor(
-                    name=name,
-                    dtype=array.dtype.name,  # type: ignore[arg-type]
-                    shape=list(array.shape),
-                    offset=base + offset,
-                    nbytes=array.nbytes,
-                )
-            )
+        for (name, dtype, array), offset in zip(arrays, offsets, strict=True):
+            at = base + offset
+            np.copyto(tensors.view(segment.memory, dtype, array.shape, at), array)
+            refs.append(p.tensor_json(name, dtype, array.shape, at, array.nbytes))
         raw = group_bytes(group_id)
         future = RemoteWork(self, model.handle)
         seq = self._wire.next_seq()
         self._flights[seq] = _Flight(future, model.handle, base, room)
         try:
-            result = self._wire.call(
-                p.Infer,
-                seq=seq,
-                model=model.handle,
-                inputs=refs,
-                out=p.Span(offset=base, size=room),
-                job_priority=job_priority,
-                original_uid=original_uid,
-                group_id=None if raw is None else NpuUuid(value=raw),
-                feature_id=feature_id,
-            )
+            if not ack and raw is None and original_uid is None and feature_id is None:
+                out = (base, room)
+                self._wire.send_frame(p.infer_frame(seq, model.handle, refs, out, ack, job_priority))
+                return future
+            fields: dict[str, Any] = {
+                "model": model.handle,
+                "inputs": [p.Tensor.model_validate_json(ref) for ref in refs],
+                "out": p.Span(offset=base, size=room),
+                "job_priority": job_priority,
+                "original_uid": original_uid,
+                "group_id": None if raw is None else NpuUuid(value=raw),
+                "feature_id": feature_id,
+                "ack": ack,
+            }
+            if not ack:
+                self._wire.send_only(p.Infer, seq, **fields)
+                return future
+            result = self._wire.call(p.Infer, seq=seq, **fields)
         except BaseException:
             flight = self._flights.pop(seq, None)
             if flight is not None:
@@ -223,7 +230,7 @@ class RemoteInference:
     ) -> list[np.ndarray]:
         """One inference's outputs; after `timeout` seconds it is cancelled and
         `TimeoutError` raised."""
-        future = self.submit(model, inputs, job_priority, None, None, None)
+        future = self.submit(model, inputs, job_priority, None, None, None, ack=False)
         try:
             return future.result(timeout)
         except TimeoutError:
@@ -291,6 +298,17 @@ class RemoteInference:
             if end > self._out_bytes.get(model, 0):
                 self._out_bytes[model] = tensors.aligned(end)
 
+    def refused(self, seq: int, error: Exception) -> bool:
+        """An inference sent without `ack` was refused: its future fails. False if `seq`
+        is not one of them."""
+        flight = self._flights.pop(seq, None)
+        if flight is None:
+            return False
+        if self._segment is not None:
+            self._segment.release(flight.offset, flight.size)
+        flight.future.set_exception(error)
+        return True
+
     def lost(self, error: Exception) -> None:
         """The connection is gone: every inference in flight fails with `error`."""
         for seq in list(self._flights):
@@ -322,18 +340,17 @@ def _model_bytes(model: Any) -> bytes:
     )
 
 
-def _arrays(inputs: Mapping[str, Any]) -> tuple[list[str], list[np.ndarray]]:
+def _arrays(inputs: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]:
+    """Each input's name, wire dtype and C-contiguous array."""
     if not isinstance(inputs, Mapping):
         raise IllegalArgumentError(f"inputs must be a mapping of name to array; got {inputs!r:.60}")
-    names, arrays = [], []
+    arrays = []
     for name, value in inputs.items():
         if not isinstance(name, str):
             raise IllegalArgumentError(f"input names are str; got {name!r}")
         array = np.ascontiguousarray(value)
-        tensors.dtype_name(array)
-        names.append(name)
-        arrays.append(array)
-    return names, arrays
+        arrays.append((name, tensors.dtype_name(array), array))
+    return arrays
 
 
 def _copy_out(segment: ClientSegment, refs: list[p.Tensor]) -> list[np.ndarray]:

@@ -14,6 +14,7 @@ import mmap
 import os
 import stat
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,6 +23,30 @@ from npumanager.daemon import tensors
 from npumanager.errors import CapacityError, IllegalArgumentError
 
 _READ_CHUNK = 1 << 20
+
+
+class Placed(NamedTuple):
+    """One output as written into the segment."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+    def tensor(self) -> p.Tensor:
+        """As the wire's model."""
+        return p.Tensor(
+            name=self.name,
+            dtype=self.dtype,  # type: ignore[arg-type]
+            shape=list(self.shape),
+            offset=self.offset,
+            nbytes=self.nbytes,
+        )
+
+    def json(self) -> str:
+        """As the wire's JSON, without building the model."""
+        return p.tensor_json(*self)
 
 
 class SharedSegment:
@@ -69,30 +94,20 @@ class SharedSegment:
         """`IllegalArgumentError` unless the span lies inside the segment."""
         tensors.check_span(span.offset, span.size, self.size, what)
 
-    def write(self, outputs: Sequence[np.ndarray], span: p.Span) -> list[p.Tensor] | int:
-        """Write outputs one after the other into the span: their descriptions, or the bytes
+    def write(self, outputs: Sequence[np.ndarray], span: p.Span) -> list[Placed] | int:
+        """Write outputs one after the other into the span: where each went, or the bytes
         they need when the span is too small (nothing written)."""
         arrays = [np.ascontiguousarray(out) for out in outputs]
-        for array in arrays:
-            tensors.dtype_name(array)
+        names = [tensors.dtype_name(array) for array in arrays]
         offsets, size = tensors.layout(arrays)
         if size > span.size:
             return size
-        refs = []
-        for index, (array, offset) in enumerate(zip(arrays, offsets, strict=True)):
+        placed = []
+        for index, (array, dtype, offset) in enumerate(zip(arrays, names, offsets, strict=True)):
             at = span.offset + offset
-            target = tensors.view(self.memory, array.dtype.name, array.shape, at)
-            np.copyto(target, array)
-            refs.append(
-                p.Tensor(
-                    name=str(index),
-                    dtype=array.dtype.name,  # type: ignore[arg-type]
-                    shape=list(array.shape),
-                    offset=at,
-                    nbytes=array.nbytes,
-                )
-            )
-        return refs
+            np.copyto(tensors.view(self.memory, dtype, array.shape, at), array)
+            placed.append(Placed(str(index), dtype, array.shape, at, array.nbytes))
+        return placed
 
     def bytes_at(self, span: p.Span) -> bytes:
         """A copy of the span's bytes (a small model sent in the segment)."""

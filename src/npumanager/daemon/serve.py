@@ -26,6 +26,7 @@ from npumanager.daemon.quotas import DaemonLimits
 from npumanager.errors import NpuManagerError
 from npumanager.plugins.sinks import check_sink_options
 from npumanager.schemas.limits import (
+    DAEMON_SWITCH_INTERVAL_S,
     DEFAULT_HEALTH_INTERVAL_MS,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_BUFFERED_BYTES,
@@ -276,6 +277,9 @@ def cmd_serve(ctx: CommandContext) -> int:
     from npumanager.daemon.server import Daemon
 
     args = ctx.args
+    # A thread that wants the GIL waits at most this long for one that holds it: the loop
+    # and each channel's worker then hand over in well under a frame's deadline.
+    sys.setswitchinterval(DAEMON_SWITCH_INTERVAL_S)
     logging.basicConfig(stream=ctx.err, level=args.log_level.upper(), format=_LOG_FORMAT)
     warnings.showwarning = _log_warning
     listener = _inherited_listener(args)

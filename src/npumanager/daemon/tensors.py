@@ -47,7 +47,7 @@ DTYPES: dict[str, np.dtype[Any]] = {
         "float64",
     )
 }
-"""Every dtype a tensor on the wire may have, by its numpy name."""
+"""Every dtype a tensor on the wire may have, by its numpy name (native byte order)."""
 
 
 def aligned(n: int) -> int:
@@ -55,10 +55,14 @@ def aligned(n: int) -> int:
     return -(-n // TENSOR_ALIGN_BYTES) * TENSOR_ALIGN_BYTES
 
 
+_NAMES: dict[np.dtype[Any], str] = {dtype: name for name, dtype in DTYPES.items()}
+
+
 def dtype_name(array: np.ndarray) -> str:
-    """The wire name of an array's dtype, or `IllegalArgumentError` naming the allowed ones."""
-    name = array.dtype.name
-    if name not in DTYPES or array.dtype.byteorder == ">":
+    """The wire name of an array's dtype, or `IllegalArgumentError` naming the allowed ones
+    (a big-endian dtype is another dtype: refused)."""
+    name = _NAMES.get(array.dtype)
+    if name is None:
         raise IllegalArgumentError(
             f"dtype {array.dtype} cannot cross the daemon's shared memory; allowed: "
             + ", ".join(DTYPES)

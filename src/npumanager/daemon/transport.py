@@ -230,10 +230,11 @@ class Transport:
             return
         outbox = connection.outbox
         try:
-            while outbox:
-                sent = connection.sock.send(outbox)
-                del outbox[:sent]
-                self.buffered -= sent
+            with connection.write_lock:
+                while outbox:
+                    sent = connection.sock.send(outbox)
+                    del outbox[:sent]
+                    self.buffered -= sent
         except (BlockingIOError, InterruptedError):
             pass
         except OSError:
@@ -262,7 +263,8 @@ class Transport:
         """Forget a connection at once; the client's requests end as if it had died."""
         if connection.closed:
             return
-        connection.closed = True
+        with connection.write_lock:  # no worker thread is sending on it after this
+            connection.closed = True
         self.dirty.discard(connection)
         self.backlog.discard(connection)
         self._on_drop(connection)

@@ -166,6 +166,9 @@ DEFAULT_MAX_MODELS_PER_UID: Final = 64
 DEFAULT_MAX_BUFFERED_BYTES: Final = 64 << 20
 """Bytes the daemon buffers for all clients together (partial frames and unread replies);
 past it, the connection buffering the most is dropped."""
+DAEMON_SWITCH_INTERVAL_S: Final = 0.0005
+"""The daemon's GIL switch interval (Python's default is 5 ms): how long a thread ready to
+run may wait for one holding the interpreter."""
 DEFAULT_MAX_SHARED_BYTES: Final = 256 << 20
 """The largest shared-memory segment one daemon connection may attach for its tensors."""
 DEFAULT_CLIENT_SHARED_BYTES: Final = 64 << 20
