@@ -106,6 +106,7 @@ CLIENT_MESSAGES: list[p.WireModel] = [
         job_priority=2,
     ),
     p.FetchResult(seq=17, call_seq=16, out=p.Span(offset=0, size=4096)),
+    p.CancelInference(seq=18, call_seq=16),
 ]
 
 

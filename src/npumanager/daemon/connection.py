@@ -85,6 +85,8 @@ class Connection:
         """The client's shared segment for tensors, once attached."""
         self.inferences: dict[int, int] = {}
         """The call seq of each of this client's inferences in flight, by work id."""
+        self.inference_models: dict[int, int] = {}
+        """The model handle of each inference in flight, by work id."""
         self.cancelled: set[int] = set()
         """Inferences in flight the client cancelled: they end CANCELLED_USER."""
         self.held: dict[int, list[np.ndarray]] = {}
@@ -194,6 +196,7 @@ class Connection:
         self.segment = None  # unmapped once running inferences let go of their arrays
         self.held.clear()
         self.inferences.clear()
+        self.inference_models.clear()
 
 
 class RemoteCallback(ModelLoadRequestCallback):

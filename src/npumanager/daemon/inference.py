@@ -54,6 +54,7 @@ class InferenceCalls:
             p.Attach: self.on_attach,
             p.LoadRealModel: self.on_load_real,
             p.Infer: self.on_infer,
+            p.CancelInference: self.on_cancel_infer,
             p.FetchResult: self.on_fetch,
         }
 
@@ -107,9 +108,19 @@ class InferenceCalls:
             message.feature_id,
         )
         connection.inferences[work.work_id] = message.seq
+        connection.inference_models[work.work_id] = message.model
         done = _Ended(weakref.ref(connection), segment, message, work.work_id, self._post)
         work.add_done_callback(done)
         return {"work_id": work.work_id} if message.ack else NO_REPLY
+
+    def on_cancel_infer(self, connection: Connection, message: p.CancelInference) -> None:
+        for work_id, seq in list(connection.inferences.items()):
+            if seq == message.call_seq:
+                model = connection.inference_models[work_id]
+                cancel = p.CancelWork(seq=message.seq, model=model, work_id=work_id)
+                self.calls.on_cancel_work(connection, cancel)
+                return
+        raise UnknownWorkError(f"call {message.call_seq} is not an inference in flight")
 
     def on_fetch(self, connection: Connection, message: p.FetchResult) -> dict[str, Any]:
         segment = self._segment(connection)
@@ -189,6 +200,7 @@ class _Ended:
         if left < 0:
             return False
         connection.inferences.pop(self.work_id, None)
+        connection.inference_models.pop(self.work_id, None)
         if left:
             self.post(lambda: connection.queued_by_worker(left))
         return True
@@ -201,6 +213,7 @@ class _Ended:
         if connection is None or connection.closed:
             return
         connection.inferences.pop(self.work_id, None)
+        connection.inference_models.pop(self.work_id, None)
         if ended.reason == EndReason.CANCELLED_SYSTEM and self.work_id in connection.cancelled:
             connection.cancelled.discard(self.work_id)
             ended = ended.model_copy(update={"reason": int(EndReason.CANCELLED_USER)})

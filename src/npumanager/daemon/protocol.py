@@ -183,6 +183,14 @@ class Infer(Call):
     feature_id: Annotated[str, Field(max_length=256)] | None = None
 
 
+class CancelInference(Call):
+    """Cancel the inference of call `call_seq` (sent without `ack`, so its work id may not be
+    known yet); it ends as `cancel_work` would end it."""
+
+    op: Literal["cancel_infer"] = "cancel_infer"
+    call_seq: NonNegativeInt64
+
+
 class FetchResult(Call):
     """Write the outputs the daemon held for inference `call_seq` (too large for its region)
     into `out`; the reply's result is `{"outputs": [Tensor, ...]}`."""
@@ -246,6 +254,7 @@ ClientMessage = Annotated[
     | Attach
     | LoadRealModel
     | Infer
+    | CancelInference
     | FetchResult,
     Field(discriminator="op"),
 ]
@@ -429,7 +438,7 @@ def parse_daemon(body: bytes) -> DaemonMessage:
         raise ProtocolError(_describe(exc)) from None
 
 
-_ANSWERED_WHEN_MALFORMED = frozenset({"attach", "load_real", "infer", "fetch"})
+_ANSWERED_WHEN_MALFORMED = frozenset({"attach", "load_real", "infer", "cancel_infer", "fetch"})
 """Calls whose malformed frames get an error reply instead of closing the connection: their
 tensors and spans are where a client's own mistakes land."""
 

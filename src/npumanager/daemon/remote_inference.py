@@ -65,6 +65,7 @@ class RemoteWork(Future[list[np.ndarray]]):
     def __init__(self, owner: RemoteInference, model: int) -> None:
         super().__init__()
         self.work_id = -1
+        self.call_seq = -1
         self._owner = owner
         self._model = model
 
@@ -73,7 +74,10 @@ class RemoteWork(Future[list[np.ndarray]]):
         if not self.done():
             # UnknownWorkError: it ended meanwhile, and its WorkEnded frame came first
             with contextlib.suppress(UnknownWorkError):
-                self._owner.cancel(self._model, self.work_id)
+                if self.work_id >= 0:
+                    self._owner.cancel(self._model, self.work_id)
+                else:
+                    self._owner.cancel_call(self.call_seq)
         return self.cancelled()
 
     def ended_cancelled(self) -> None:
@@ -190,12 +194,14 @@ class RemoteInference:
             refs.append(p.tensor_json(name, dtype, array.shape, at, array.nbytes))
         raw = group_bytes(group_id)
         future = RemoteWork(self, model.handle)
-        seq = self._wire.next_seq()
+        seq = future.call_seq = self._wire.next_seq()
         self._flights[seq] = _Flight(future, model.handle, base, room)
         try:
             if not ack and raw is None and original_uid is None and feature_id is None:
                 out = (base, room)
-                self._wire.send_frame(p.infer_frame(seq, model.handle, refs, out, ack, job_priority))
+                self._wire.send_frame(
+                    p.infer_frame(seq, model.handle, refs, out, ack, job_priority)
+                )
                 return future
             fields: dict[str, Any] = {
                 "model": model.handle,
@@ -240,6 +246,10 @@ class RemoteInference:
     def cancel(self, model: int, work_id: int) -> None:
         """Cancel one of this client's inferences in the daemon."""
         self._wire.call(p.CancelWork, model=model, work_id=work_id)
+
+    def cancel_call(self, call_seq: int) -> None:
+        """Cancel the inference of call `call_seq`, whose work id is not known yet."""
+        self._wire.call(p.CancelInference, call_seq=call_seq)
 
     # Frames from the daemon (the reader thread) -----------------------------------------
 
