@@ -26,6 +26,8 @@ class AppRun:
 
     def __init__(self, app: App, clock_mhz: int) -> None:
         self.app = app
+        self.key = f"app {app.name!r}"
+        """How an error names the app."""
         self.cycles = app.work.cost_us * clock_mhz
         self.loaded = False
         self.wants_at: int | None = app.start_ms

@@ -12,7 +12,7 @@ from typing import Any
 
 from npumanager.core.events import WorkEvent
 from npumanager.core.plugins import PluginRegistry, load_plugins
-from npumanager.errors import CapacityError
+from npumanager.errors import CapacityError, NpuManagerError
 from npumanager.schemas.device import DeviceStatus
 from npumanager.schemas.limits import (
     DEFAULT_SINK_QUEUE_EVENTS,
@@ -29,7 +29,7 @@ from npumanager.simulation.results import (
     finish,
     sample,
 )
-from npumanager.simulation.scenario import Scenario
+from npumanager.simulation.scenario import Scenario, ScenarioRunError
 from npumanager.telemetry import NO_VALUE, ModelLoadState, ModelLoadStateChanged, TelemetryHub
 from npumanager.telemetry.health import HealthSampler
 
@@ -91,7 +91,11 @@ def run_direct(
 ) -> RunResult:
     """Every app loads and submits straight to the driver; nobody arbitrates."""
     registry = registry or load_plugins()
-    npu = registry.driver(driver).factory(list(scenario.devices))
+    where = "devices"
+    try:
+        npu = registry.driver(driver).factory(list(scenario.devices))
+    except NpuManagerError as exc:
+        raise ScenarioRunError.at(where, exc) from None
     collector = Collector()
     npu.set_callback(collector, debounce_duration_ms=0)
     telemetry = DirectTelemetry(sinks, npu)
@@ -99,43 +103,58 @@ def run_direct(
     runs = [AppRun(app, clock) for app in scenario.apps]
     samples: list[Sample] = []
     failures: list[tuple[int, str]] = []
-    for t in range(scenario.duration_ms):
-        for event in scenario.events:
-            if event.at_ms == t and event.kind == "heat":
-                npu.add_heat(event.device, event.millicelsius)
-        for run in runs:
-            if run.stops_at(t):
-                if run.handle is not None:
-                    npu.unload_model(run.handle)
-                    telemetry.model(run, ModelLoadState.UNLOADED)
-                run.handle = None
-                run.stop()
-            if not run.loaded and run.wants_at is not None and t >= run.wants_at:
-                try:
-                    handle = npu.load_model(run.app.device, weight_bytes=run.app.model_bytes)
-                except CapacityError:
-                    failures.append((t, run.app.name))
-                    run.wants_at = t + run.app.retry_ms
-                else:
-                    run.loaded, run.wants_at, run.handle = True, None, handle
-                    run.submit = _direct_submit(npu, handle, run)
-                    telemetry.model(run, ModelLoadState.LOADED)
-                    run.start_streams(t)
-            if run.due(t):
-                run.arrive(t)
-        npu.advance(MS_US)
-        new = collector.take()
-        for work_event in new:
-            route(runs, work_event, t)
-        state = npu.device_state(0)
-        telemetry.step(new, state)
-        samples.append(sample(state, t))
-        if progress is not None:
-            progress(t)
+    try:
+        for t in range(scenario.duration_ms):
+            for index, event in enumerate(scenario.events):
+                if event.at_ms == t and event.kind == "heat":
+                    where = scenario.event_key(index)
+                    npu.add_heat(event.device, event.millicelsius)
+            for run in runs:
+                where = run.key
+                _step_app(npu, run, t, failures, telemetry)
+            where = ""
+            npu.advance(MS_US)
+            new = collector.take()
+            for work_event in new:
+                route(runs, work_event, t)
+            state = npu.device_state(0)
+            telemetry.step(new, state)
+            samples.append(sample(state, t))
+            if progress is not None:
+                progress(t)
+    except NpuManagerError as exc:
+        telemetry.hub.close()
+        npu.close()
+        raise ScenarioRunError.at(where, exc) from None
     result = finish("direct", runs, collector, samples, [], npu.device_state(0), failures)
     telemetry.hub.close()
     npu.close()
     return result
+
+
+def _step_app(
+    npu: Any, run: AppRun, t: int, failures: list[tuple[int, str]], telemetry: DirectTelemetry
+) -> None:
+    """One app's millisecond: it stops, loads (a load that does not fit is noted), submits."""
+    if run.stops_at(t):
+        if run.handle is not None:
+            npu.unload_model(run.handle)
+            telemetry.model(run, ModelLoadState.UNLOADED)
+        run.handle = None
+        run.stop()
+    if not run.loaded and run.wants_at is not None and t >= run.wants_at:
+        try:
+            handle = npu.load_model(run.app.device, weight_bytes=run.app.model_bytes)
+        except CapacityError:
+            failures.append((t, run.app.name))
+            run.wants_at = t + run.app.retry_ms
+        else:
+            run.loaded, run.wants_at, run.handle = True, None, handle
+            run.submit = _direct_submit(npu, handle, run)
+            telemetry.model(run, ModelLoadState.LOADED)
+            run.start_streams(t)
+    if run.due(t):
+        run.arrive(t)
 
 
 def _direct_submit(npu: Any, handle: int, run: AppRun) -> Callable[[], int]:
