@@ -221,3 +221,13 @@ def test_vts_says_what_it_expected_beside_what_it_observed(tmp_path: Path) -> No
     detail = failed["test_DeviceNumberingMultiDevice"]
     assert "DeviceNumbering: expected each work's events to name the device it ran on" in detail
     assert "{1: 0, 2: 1, 3: 2}; got {1: 0, 2: 0, 3: 0}" in detail
+
+
+# The README's promises ---------------------------------------------------------------------
+
+
+def test_json_of_a_scenario_without_a_camera_has_no_camera_figures() -> None:
+    result = console("simulate", "turn_taking", "--json")
+    assert result.returncode == 0, result.stderr
+    for mode, run in json.loads(result.stdout).items():
+        assert [key for key in run if key.startswith("camera_")] == [], mode

@@ -87,9 +87,16 @@ def test_plugins_reports_the_driver_unavailable_naming_the_extra(
     assert row.endswith(f"driver {package} ({hint})")
 
 
+COMMANDS = [["simulate", "demo"], ["demo", "--real"], ["vts"]]
+"""Commands that take `--driver`, each asked for the blocked runtime's driver."""
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[c[0] + "".join(c[1:]) for c in COMMANDS])
 @pytest.mark.parametrize("package", sorted(EXTRA))
-def test_a_command_asking_for_the_driver_names_the_extra(blocker: Path, package: str) -> None:
-    result = run(["simulate", "demo", "--driver", package], blocker, package)
+def test_a_command_asking_for_the_driver_names_the_extra(
+    blocker: Path, package: str, command: list[str]
+) -> None:
+    result = run([*command, "--driver", package], blocker, package)
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
