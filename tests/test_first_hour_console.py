@@ -147,6 +147,15 @@ def test_a_daemon_that_never_answers_is_given_up_after_timeout(open_dir: Path) -
     assert line.startswith("npu-manager: error: ")
 
 
+def test_serve_checks_health_options_naming_the_allowed_ones(open_dir: Path) -> None:
+    result = console("serve", "--socket", str(open_dir / "s.sock"), "--health", "linux:bogus=1")
+    line = one_line_error(result)
+    assert line.startswith(
+        "npu-manager: error: health source 'linux': unknown option 'bogus'; allowed: root, "
+    )
+    assert not (open_dir / "s.sock").exists(), "refused before it listened"
+
+
 # The daemon's output ----------------------------------------------------------------------
 
 
