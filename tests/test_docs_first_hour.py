@@ -1,4 +1,5 @@
-"""CONTRIBUTING's driver guide names every member the `Driver` protocol asks for."""
+"""Issue 18's documentation items: the driver guide names the whole contract, and the
+README's daemon examples declare the NPU feature (without it the daemon logs a warning)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import pytest
 
 from npumanager.core import driver
 
-GUIDE = (Path(__file__).resolve().parents[1] / "CONTRIBUTING.md").read_text(encoding="utf-8")
+ROOT = Path(__file__).resolve().parents[1]
+GUIDE = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+README = (ROOT / "README.md").read_text(encoding="utf-8")
 SECTION = GUIDE.split("## Writing a vendor driver", 1)[1].split("\n## ", 1)[0]
 
 
@@ -26,3 +29,9 @@ def test_the_driver_guide_names_every_member_of_the_contract(protocol: type) -> 
     assert members(protocol), protocol
     missing = [m for m in members(protocol) if not re.search(rf"`{m}[`(]", SECTION)]
     assert missing == [], f"CONTRIBUTING's driver guide does not name {missing}"
+
+
+def test_every_connect_in_the_readme_declares_the_feature() -> None:
+    calls = re.findall(r"npu\.connect\(([^)]*)\)", README)
+    assert calls, "the README shows npu.connect"
+    assert [call for call in calls if "uses_feature=True" not in call] == []
