@@ -21,7 +21,15 @@ from typing import Any
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-SCRIPTS = ["admission", "daemon_attacks", "fairness", "telemetry", "vnpu_throughput"]
+SCRIPTS = [
+    "admission",
+    "daemon_attacks",
+    "fairness",
+    "ipc",
+    "ipc_inference",
+    "telemetry",
+    "vnpu_throughput",
+]
 QUICK_ARGS = {"daemon_attacks": ["--attacks", "no_read"]}
 """One attack beside the quiet rounds and the control keeps the daemon benchmark short."""
 PROGRESS_LINE = re.compile(r"^[^:]+: (\d+)/(\d+) .+, \d+ s so far(, about \d+ s left)?$")
