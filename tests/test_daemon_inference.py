@@ -17,6 +17,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -454,3 +455,56 @@ def test_a_client_of_the_old_protocol_gets_a_clear_error(
         f"protocol version 1 is not supported; this daemon speaks version {p.PROTOCOL_VERSION}"
         in (error.message)
     )
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_block(heading: str) -> str:
+    """The first python block of the README after `heading`."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(heading) :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("```", start)]
+
+
+@pytest.fixture
+def model_onnx(model_file: Path) -> Path:
+    shutil.copy(model_file, model_file.with_name("model.onnx"))
+    return model_file
+
+
+def test_the_readmes_daemon_inference_example_runs_against_a_real_daemon(
+    start: Callable[..., DaemonProcess], model_onnx: Path
+) -> None:
+    daemon = start()
+    code = readme_block("### Real inference through the daemon")
+    code += "\nassert y.shape == (8, 256) and future.result(10)[0].shape == (8, 256)\n"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=model_onnx.parent,  # its model.onnx
+        env={**os.environ, "NPUMANAGER_SOCKET": str(daemon.socket)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_two_process_example_prints_every_figure() -> None:
+    example = ROOT / "examples" / "two_processes" / "run.py"
+    done = subprocess.run(
+        [sys.executable, str(example), "--seconds", "0.5", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["separate_uids"] is True
+    for run in ("solo", "managed", "direct"):
+        assert 0 < figures[f"fg_{run}_p50_ms"] <= figures[f"fg_{run}_p99_ms"]
+    assert figures["bg_managed_per_s"] > 0 and figures["bg_direct_per_s"] > 0
+    assert "bg_solo_per_s" not in figures
