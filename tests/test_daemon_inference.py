@@ -135,6 +135,12 @@ def info(daemon: DaemonProcess) -> dict[str, Any]:
         return client.info()
 
 
+def segments_mapped(daemon: DaemonProcess) -> int:
+    """How many clients' tensor segments the daemon has mapped (from its memory map)."""
+    maps = Path(f"/proc/{daemon.process.pid}/maps").read_text()
+    return len({line.split()[4] for line in maps.splitlines() if "npu-manager-tensors" in line})
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -207,6 +213,7 @@ def test_a_killed_app_frees_its_models_and_memory_and_its_running_work_ends(
     used_by_one = info(daemon)["devices"][0]["weight_memory_used_bytes"] // 2
     work_id = background.ok("real_submit", id=1, rows=LONG_ROWS)
     wait_for(lambda: any(d["running"] for d in info(daemon)["devices"]))
+    assert segments_mapped(daemon) == 1  # the background's (the foreground ran nothing yet)
     background.kill9()
 
     def freed() -> bool:
@@ -220,6 +227,7 @@ def test_a_killed_app_frees_its_models_and_memory_and_its_running_work_ends(
         )
 
     wait_for(freed)
+    wait_for(lambda: segments_mapped(daemon) == 0)  # its segment is unmapped
 
     def ended() -> list[dict[str, Any]]:
         if not events.exists():
@@ -508,3 +516,20 @@ def test_the_two_process_example_prints_every_figure() -> None:
         assert 0 < figures[f"fg_{run}_p50_ms"] <= figures[f"fg_{run}_p99_ms"]
     assert figures["bg_managed_per_s"] > 0 and figures["bg_direct_per_s"] > 0
     assert "bg_solo_per_s" not in figures
+
+
+def test_inferences_in_flight_past_the_limit_are_refused_and_others_carry_on(
+    start: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon = start("--max-inferences-per-connection", "2")
+    flood = loaded_app(daemon, BACKGROUND_UID, model_file)
+    other = loaded_app(daemon, FOREGROUND_UID, model_file)
+    first = flood.ok("real_submit", id=1, rows=40_000)
+    second = flood.ok("real_submit", id=1, rows=40_000)
+    third = flood.send("real_submit", id=1, rows=4)
+    assert third.get("error") == "QuotaExceededError", third
+    assert "--max-inferences-per-connection" in third["message"]
+    assert other.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+    for work_id in (first, second):
+        assert "sha256" in flood.ok("real_result", work_id=work_id)
+    assert "sha256" in flood.ok("real_run", id=1, rows=4)  # room again once they ended

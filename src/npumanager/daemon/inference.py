@@ -24,9 +24,15 @@ from npumanager.daemon.calls import NO_REPLY, Calls, NoReply
 from npumanager.daemon.connection import Connection
 from npumanager.daemon.frames import clip
 from npumanager.daemon.segment import SharedSegment, read_model_file
-from npumanager.errors import CapacityError, IllegalArgumentError, UnknownWorkError
+from npumanager.errors import (
+    CapacityError,
+    IllegalArgumentError,
+    QuotaExceededError,
+    UnknownWorkError,
+)
 from npumanager.schemas import EndReason
 from npumanager.schemas.limits import (
+    DEFAULT_MAX_INFERENCES_PER_CONNECTION,
     DEFAULT_MAX_MODEL_FILE_BYTES,
     DEFAULT_MAX_SHARED_BYTES,
     MAX_HELD_RESULTS,
@@ -44,12 +50,14 @@ class InferenceCalls:
         *,
         max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES,
         max_model_file_bytes: int = DEFAULT_MAX_MODEL_FILE_BYTES,
+        max_in_flight: int = DEFAULT_MAX_INFERENCES_PER_CONNECTION,
     ) -> None:
         self.backend = service.backend
         self.calls = calls
         self._post = post
         self.max_shared_bytes = max_shared_bytes
         self.max_model_file_bytes = max_model_file_bytes
+        self.max_in_flight = max_in_flight
         self.handlers: dict[type[p.Call], Any] = {
             p.Attach: self.on_attach,
             p.LoadRealModel: self.on_load_real,
@@ -94,6 +102,11 @@ class InferenceCalls:
         return {"model": loaded.handle, "device": loaded.device, "weight_bytes": weight}
 
     def on_infer(self, connection: Connection, message: p.Infer) -> dict[str, Any] | NoReply:
+        if len(connection.inferences) >= self.max_in_flight and not connection.management:
+            raise QuotaExceededError(
+                f"this connection has {len(connection.inferences)} inferences in flight, its "
+                "limit (serve --max-inferences-per-connection); wait for some to end"
+            )
         segment = self._segment(connection)
         segment.check(message.out, "the output region")
         feeds = segment.inputs(message.inputs)

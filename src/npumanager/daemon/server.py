@@ -112,6 +112,7 @@ class Daemon:
             self.post,
             max_shared_bytes=self.limits.max_shared_bytes,
             max_model_file_bytes=self.limits.max_model_file_bytes,
+            max_in_flight=self.limits.max_inferences_per_connection,
         )
         self._info = InfoCache(self.describe)
         self.admission = Admission(self.usage, self.stats, self._log)
