@@ -172,13 +172,19 @@ class _Ended:
         post: Callable[[Task], None],
     ) -> None:
         self.connection = connection
-        self.segment = segment
+        self.segment: SharedSegment | None = segment
         self.out = message.out
         self.seq = message.seq
         self.work_id = work_id
         self.post = post
 
     def __call__(self, future: Future[Any]) -> None:
+        # The future keeps its callbacks: this one must not keep the segment mapped.
+        segment, self.segment = self.segment, None
+        if segment is not None:
+            self._ended(future, segment)
+
+    def _ended(self, future: Future[Any], segment: SharedSegment) -> None:
         held: list[np.ndarray] | None = None
         if future.cancelled():
             ended = self._frame(EndReason.CANCELLED_SYSTEM)
@@ -189,7 +195,7 @@ class _Ended:
         else:
             outputs = future.result()
             try:
-                placed = self.segment.write(outputs, self.out)
+                placed = segment.write(outputs, self.out)
             except IllegalArgumentError as exc:
                 ended = self._frame(EndReason.FAILED, kind=type(exc).__name__, message=str(exc))
             else:
