@@ -111,9 +111,9 @@ def loaded_app(daemon: DaemonProcess, uid: int, model_file: Path) -> Child:
     return child
 
 
-def in_process_digest(rows: int, value: float) -> dict[str, Any]:
+def in_process_digest(rows: int, value: float, driver: str = "onnxruntime") -> dict[str, Any]:
     """The same model and inputs run in process, as the child digests its outputs."""
-    service = npu.Service("onnxruntime")
+    service = npu.Service(driver)
     try:
         manager = service.manager(FOREGROUND_UID, uses_feature=True)
         request = npu.ModelLoadRequest.Builder(1).set_size(0).build()
@@ -148,14 +148,16 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 20) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("driver", ["onnxruntime", "openvino"])
 def test_two_apps_run_real_models_through_one_daemon_with_in_process_outputs(
-    start: Callable[..., DaemonProcess], model_file: Path
+    start: Callable[..., DaemonProcess], model_file: Path, driver: str
 ) -> None:
-    daemon = start()
+    pytest.importorskip(driver)
+    daemon = start("--driver", driver)
     foreground = loaded_app(daemon, FOREGROUND_UID, model_file)
     background = loaded_app(daemon, BACKGROUND_UID, model_file)
     background.ok("real_flood", id=1, rows=256)
-    expected = in_process_digest(rows=8, value=0.25)
+    expected = in_process_digest(rows=8, value=0.25, driver=driver)
     for _ in range(5):
         assert foreground.ok("real_run", id=1, rows=8, value=0.25) == expected
     assert background.ok("real_run", id=1, rows=8, value=0.25) == expected
