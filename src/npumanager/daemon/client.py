@@ -4,7 +4,9 @@ One `DaemonClient` is one connection, one client of the service, one `NpuManager
 are synchronous: each waits for its reply and raises the daemon's error as the same
 exception class the in-process service raises. Decisions arrive on a reader thread and
 are delivered to each request's callback on its executor, in order, exactly as in process
-(the default executor is one dispatcher thread per connection).
+(the default executor is one dispatcher thread per connection). With a real driver in the
+daemon, `load_model(path=...)` sends the file's descriptor and `LoadedModel.run/submit`
+move tensors through the connection's shared segment (`remote_inference`).
 """
 
 from __future__ import annotations

@@ -8,6 +8,13 @@ one `reply` or `error` with that seq. For the client's requests the daemon also 
 `decision`, `unload` and `complete` frames, in the order the service decided them. An
 `error` without a seq is fatal: the daemon closes the connection after it.
 
+Real inference (version 2) adds descriptors and shared memory: `attach` comes with the
+client's memfd (SCM_RIGHTS), `load_real` with a model file's descriptor (or names its
+bytes in the segment), and `infer` names its tensors by offset, shape and dtype in the
+segment; the daemon answers each inference's end with `ended` (outputs in the client's
+region). A malformed real-inference call gets an `error` with its seq; any other
+malformed frame closes the connection.
+
 No frame carries a uid or a pid: identity is the kernel's (SO_PEERCRED), never a message's.
 """
 
