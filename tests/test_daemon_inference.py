@@ -50,6 +50,8 @@ DAEMON_UID = 20060
 """The uid of a daemon that runs unprivileged (it cannot read the apps' private files)."""
 SETPRIV = ("setpriv", "--clear-groups")
 CAN_LOAD_NOW = int(ModelLoadStatus.CAN_LOAD_NOW)
+BIG_SIDE = 6144
+"""The weight of a model that takes a second or more to open here (144 MiB)."""
 LONG_ROWS = 120_000
 """Rows of an inference that runs for a second or more here (123 MB: it fits the children's
 256 MiB segment)."""
@@ -535,3 +537,41 @@ def test_inferences_in_flight_past_the_limit_are_refused_and_others_carry_on(
     for work_id in (first, second):
         assert "sha256" in flood.ok("real_result", work_id=work_id)
     assert "sha256" in flood.ok("real_run", id=1, rows=4)  # room again once they ended
+
+
+def big_model(path: Path, side: int = BIG_SIDE) -> None:
+    """One MatMul with a `side` x `side` float32 weight: a model that opens slowly."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((side, side), dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", side])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", side])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.write_bytes(model.SerializeToString())
+    path.chmod(0o644)
+
+
+def test_a_slow_model_load_does_not_hold_up_the_other_clients(
+    start: Callable[..., DaemonProcess], socket_dir: Path, model_file: Path
+) -> None:
+    big = socket_dir / "big.onnx"
+    big_model(big)
+    daemon = start()
+    loader = app(daemon, BACKGROUND_UID)
+    other = loaded_app(daemon, FOREGROUND_UID, model_file)
+    granted(loader)
+    assert loader.process.stdin is not None
+    loader.process.stdin.write(json.dumps({"op": "real_load", "id": 1, "path": str(big)}) + "\n")
+    loader.process.stdin.flush()
+    time.sleep(0.2)  # the daemon has the load call by now, and opens the model for seconds
+    answered = [other.ok("real_run", id=1, rows=4, value=0.5) for _ in range(3)]
+    assert answered == [in_process_digest(4, 0.5)] * 3
+    assert loader._messages.empty(), "the load was answered before the other client's runs"
+    reply = loader.expect(lambda m: m.get("reply") == "real_load", timeout=120)
+    assert reply["result"]["weight_bytes"] == BIG_SIDE * BIG_SIDE * 4
