@@ -293,7 +293,7 @@ class RawApp:
         frame = json.dumps({"op": "infer", "seq": seq, **body}).encode()
         with pytest.raises(npu.NpuManagerError) as caught:
             pending = self.client._pending
-            from npumanager.daemon.client import _Pending
+            from npumanager.daemon.client_wire import _Pending
 
             pending[seq] = waiting = _Pending()
             self.client._sock.sendall(struct.pack(">I", len(frame)) + frame)
