@@ -4,9 +4,10 @@ Models are read and opened on a loader thread (a runtime may take seconds to ope
 and the call is answered from the loop when that is done.
 
 Inputs are arrays over the client's shared segment, checked before they are made; the
-outputs are written into the region the client named, by the worker thread that ran the
-inference, and a `WorkEnded` frame follows on the loop thread. Outputs too large for
-their region are held (at most `MAX_HELD_RESULTS` a connection) for a `fetch`.
+outputs are written into the region the client named by the worker thread that ran the
+inference, which sends the `WorkEnded` frame itself when nothing waits before it in the
+connection's outbox (else the loop queues it). Outputs too large for their region are
+held (at most `MAX_HELD_RESULTS` a connection) for a `fetch`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from npumanager.core.client import LoadedModel
 from npumanager.core.dispatch import Task
 from npumanager.core.service import Service
 from npumanager.daemon import protocol as p
-from npumanager.daemon.calls import NO_REPLY, Calls, NoReply
+from npumanager.daemon.calls import NO_REPLY, Calls, Handler, NoReply
 from npumanager.daemon.connection import Connection
 from npumanager.daemon.frames import call_error, clip
 from npumanager.daemon.segment import SharedSegment, read_model_file
@@ -67,7 +68,7 @@ class InferenceCalls:
         self.stats = stats
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="npu-loader")
         """Opens models off the loop, one at a time."""
-        self.handlers: dict[type[p.Call], Any] = {
+        self.handlers: dict[type[p.Call], Handler] = {
             p.Attach: self.on_attach,
             p.LoadRealModel: self.on_load_real,
             p.Infer: self.on_infer,
