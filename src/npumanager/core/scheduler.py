@@ -105,6 +105,18 @@ class DeviceScheduler(Generic[J]):
             self.live[job.band] += 1
         self._push(job)
 
+    def admit(self, job: J, channel: int, t: int) -> None:
+        """A new job runs on free `channel` from `t` without queueing; only when nothing
+        waits, where it is what `enqueue`, `pick` and `start` at `t` would do, in one step."""
+        if self.queued:
+            raise ValueError("admit only when no job waits: enqueue it, then pick")
+        self._fold(t)
+        if self.fair:
+            job.band = self.spec.band_of(job.effective_priority)
+            self.live[job.band] += 1
+            self._flow(job.band, job.uid, self.flows)
+        self.start(job, channel, t)
+
     def remove(self, job: J, t: int) -> None:
         """A waiting job leaves the queue for good (cancelled, failed, revoked)."""
         self._fold(t)
@@ -259,9 +271,10 @@ class DeviceScheduler(Generic[J]):
             self.folded_us = t
             return
         dt = t - self.folded_us
-        for job in self._run():
-            self.flows[(job.band, job.uid)].vruntime += (t - job.acct_us) * self._weight(job)
-            job.acct_us = t
+        for job in self.running:
+            if job is not None:
+                self.flows[(job.band, job.uid)].vruntime += (t - job.acct_us) * self._weight(job)
+                job.acct_us = t
         floor, window = self.spec.floor_percent, self.spec.floor_window_us
         above = 0
         for band, live in enumerate(self.live):

@@ -39,7 +39,7 @@ from npumanager.schemas.limits import (
     REAL_NO_SLICE_US,
     REAL_RESERVED_CHANNELS,
 )
-from npumanager.vendor_drivers.realexec.session import Call, Session, is_background
+from npumanager.vendor_drivers.realexec.session import Call, Session, background_from
 from npumanager.vendor_drivers.realexec.work import WorkFuture, effective_priority
 
 
@@ -98,6 +98,7 @@ class Channels(DriverBase):
         """Per device, what its workers wait on: woken only when there is work to take."""
         reserved = check_int("reserved_channels", reserved_channels, 0, MAX_CHANNELS)
         self._background_limit = [max(1, s.channels - reserved) for s in self.specs]
+        self._background_from = [background_from(s) for s in self.specs]
         self._background_busy = [0] * len(self.specs)
         self._scheds = [DeviceScheduler[Work](s) for s in self.specs]
         self._used = [0] * len(self.specs)
@@ -186,23 +187,24 @@ class Channels(DriverBase):
                     self._ready[device].wait()
                 if self._closed:
                     return
-                work = sched.pick(self.now_us)
+                t = self.now_us
+                work = sched.pick(t)
                 if work is None:
                     continue
-                self._start(work, channel)
+                sched.start(work, channel, t)
+                self._start(work, channel, t)
             self._execute(work)
 
-    def _start(self, work: Work, channel: int) -> None:
-        """Put picked work on a channel (lock held): STARTED now."""
-        t = self.now_us
-        self._scheds[work.device].start(work, channel, t)
-        work.call = Call(self._in_background(work.device, work))
+    def _start(self, work: Work, channel: int, t: int) -> None:
+        """Work the scheduler put on a channel at `t` (lock held): STARTED."""
+        work.call = Call(self._in_background(work))
         self._busy += 1
         self._background_busy[work.device] += work.call.background
         self._event(EventKind.STARTED, StartReason.INITIAL, work, t)
 
-    def _execute(self, work: Work) -> None:
-        """Run started work on this thread (lock not held), then end it as it went."""
+    def _execute(self, work: Work) -> list[np.ndarray] | None:
+        """Run started work on this thread (lock not held), then end it as it went; its
+        outputs if this ended it COMPLETED."""
         session = self._models[work.model].session
         assert session is not None and work.feeds is not None and work.call is not None
         outputs: list[np.ndarray] | None = None
@@ -222,10 +224,12 @@ class Channels(DriverBase):
                 if outputs is not None:
                     self._event(EventKind.ENDED, EndReason.COMPLETED, work, t)
                     self._keep(work, outputs)
-                else:
-                    self._event(EventKind.ENDED, EndReason.FAILED, work, t)
-                    work.future.fail(ExecutionError(f"the runtime failed: {error}"))
+                    self._wake(work.device)
+                    return outputs
+                self._event(EventKind.ENDED, EndReason.FAILED, work, t)
+                work.future.fail(ExecutionError(f"the runtime failed: {error}"))
             self._wake(work.device)
+            return None
 
     def _wake(self, device: int | None = None) -> None:
         """Wake the workers of a device (or all) when work waits, and `run_until_idle`
@@ -243,24 +247,28 @@ class Channels(DriverBase):
                 return channel
         return None
 
-    def _in_background(self, device: int, work: Work) -> bool:
-        spec = self.specs[device]
-        return is_background(spec.band_of(work.effective_priority), len(spec.bands))
+    def _in_background(self, work: Work) -> bool:
+        """True if the work's band `is_background` on its device."""
+        return work.effective_priority >= self._background_from[work.device]
 
     def _can_take(self, device: int, channel: int) -> bool:
-        """A job waits, the channel is free, and the next job is not held back: background
-        work (`is_background`) takes the last `reserved_channels` free channels only if it
-        is more important than every running job (it always gets one channel)."""
+        """A job waits, the channel is free, and the next job is not `_held_back`."""
         sched = self._scheds[device]
         if sched.depth == 0 or sched.running[channel] is not None:
             return False
         head = sched.peek(self.now_us)
-        if head is None or not self._in_background(device, head):
-            return True
+        return head is not None and not self._held_back(head)
+
+    def _held_back(self, work: Work) -> bool:
+        """Background work (`is_background`) takes the last `reserved_channels` free
+        channels only if it is more important than every running job (it always gets one)."""
+        device = work.device
+        if not self._in_background(work):
+            return False
         if self._background_busy[device] < self._background_limit[device]:
-            return True
-        running = [w.effective_priority for w in sched.running if w is not None]
-        return head.effective_priority < min(running, default=head.effective_priority + 1)
+            return False
+        running = [w.effective_priority for w in self._scheds[device].running if w is not None]
+        return not work.effective_priority < min(running, default=work.effective_priority + 1)
 
     def _keep(self, work: Work, outputs: list[np.ndarray]) -> None:
         if work.future.keep:

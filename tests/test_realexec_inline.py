@@ -1,0 +1,51 @@
+"""The lean path of a real driver's `run_inference`: work that takes a free channel at once
+(`DeviceScheduler.admit`) and runs on the caller's thread, with the same rules as queued work."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npumanager.core.events import EventKind
+from npumanager.schemas import SchedulingConfig
+from npumanager.schemas.device import Band, DeviceSpec
+from npumanager.schemas.limits import MAX_EFFECTIVE_PRIORITY
+from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver
+from npumanager.vendor_drivers.realexec.session import background_from, is_background
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sets(st.integers(1, MAX_EFFECTIVE_PRIORITY), max_size=5), st.data())
+def test_background_from_is_where_the_background_bands_begin(
+    firsts: set[int], data: st.DataObject
+) -> None:
+    bands = tuple(Band(name=f"b{i}", first_priority=p) for i, p in enumerate([0, *sorted(firsts)]))
+    spec = DeviceSpec(bands=bands)
+    for priority in data.draw(st.lists(st.integers(0, MAX_EFFECTIVE_PRIORITY), max_size=20)):
+        expected = is_background(spec.band_of(priority), len(bands))
+        assert (priority >= background_from(spec)) == expected
+
+
+def test_background_work_held_back_is_not_run_inline_but_waits_its_turn() -> None:
+    with OnnxRuntimeDriver(devices=[{"channels": 2}]) as d:
+        d.set_scheduling_configs([SchedulingConfig(uid=u, app_priority=1000) for u in (10, 11)])
+        model = d.load_timed_model()
+        session = d.model_info(model)
+        real, threads = session.run, []
+
+        def recording(feeds: Any, call: Any) -> Any:
+            threads.append(threading.current_thread())
+            return real(feeds, call)
+
+        session.run = recording  # type: ignore[method-assign]
+        busy = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 200))
+        while d.device_state(0).running.count(-1) == 2 and not busy.done():
+            d.run_until_idle(max_us=1000)
+        d.run_inference(model, uid=11, inputs=d.timed_inputs(model, 1))
+        assert threads[-1] is not threading.current_thread(), "a worker ran it, in turn"
+        d.run_until_idle()
+        events = [(e.kind, e.id) for e in d.take_events()]
+        assert events.index((EventKind.ENDED, busy.work_id)) < events.index((EventKind.STARTED, 2))
