@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npumanager.core.events import EventKind
+from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import SchedulingConfig
 from npumanager.schemas.device import Band, DeviceSpec
-from npumanager.schemas.limits import MAX_EFFECTIVE_PRIORITY
+from npumanager.schemas.limits import MAX_EFFECTIVE_PRIORITY, MAX_NICE
 from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver
 from npumanager.vendor_drivers.realexec.session import background_from, is_background
 
@@ -49,3 +53,61 @@ def test_background_work_held_back_is_not_run_inline_but_waits_its_turn() -> Non
         d.run_until_idle()
         events = [(e.kind, e.id) for e in d.take_events()]
         assert events.index((EventKind.ENDED, busy.work_id)) < events.index((EventKind.STARTED, 2))
+
+
+def test_a_foreground_inference_behind_held_back_background_work_runs_inline() -> None:
+    with OnnxRuntimeDriver(devices=[{"channels": 2}]) as d:
+        d.set_scheduling_configs(
+            [
+                SchedulingConfig(uid=10, app_priority=1000),
+                SchedulingConfig(uid=20, app_priority=100),
+            ]
+        )
+        model = d.load_timed_model()
+        session = d.model_info(model)
+        real, threads = session.run, []
+
+        def recording(feeds: Any, call: Any) -> Any:
+            threads.append(threading.current_thread())
+            return real(feeds, call)
+
+        session.run = recording  # type: ignore[method-assign]
+        busy = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 300))
+        waiting = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 1))
+        while d.device_state(0).running.count(-1) == 2 and not busy.done():
+            d.run_until_idle(max_us=1000)
+        assert d.device_state(0).queue_depth == 1, "the second background job is held back"
+        d.run_inference(model, uid=20, inputs=d.timed_inputs(model, 1))
+        assert threads[-1] is threading.current_thread()
+        assert not waiting.done() or busy.done()
+        d.run_until_idle()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_background_work_runs_on_workers_of_lower_os_priority() -> None:
+    with OnnxRuntimeDriver(devices=[{"channels": 2}], background_nice=3) as d:
+        d.set_scheduling_configs(
+            [
+                SchedulingConfig(uid=10, app_priority=1000),
+                SchedulingConfig(uid=20, app_priority=100),
+            ]
+        )
+        model = d.load_timed_model()
+        session = d.model_info(model)
+        real, nice = session.run, {}
+
+        def recording(feeds: Any, call: Any) -> Any:
+            nice[call.background] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            return real(feeds, call)
+
+        session.run = recording  # type: ignore[method-assign]
+        d.submit(model, uid=10, inputs=d.timed_inputs(model, 1))
+        d.submit(model, uid=20, inputs=d.timed_inputs(model, 1))
+        d.run_until_idle()
+        ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        assert nice == {True: min(MAX_NICE, ours + 3), False: ours}
+
+
+def test_background_nice_out_of_range_is_refused() -> None:
+    with pytest.raises(IllegalArgumentError, match="background_nice must be within 0..19"):
+        OnnxRuntimeDriver(background_nice=20)

@@ -238,6 +238,12 @@ REAL_RESERVED_CHANNELS: Final = 1
 """Channels of a real-runtime device that background work leaves free (it always gets one,
 and takes them when it is more important than all that runs): a foreground inference then
 starts at once instead of waiting for a background one."""
+REAL_BACKGROUND_NICE: Final = 10
+"""How much lower (in `nice` steps) a real-runtime device's background workers run than the
+process: where the runtime computes on the calling thread, the OS then gives a core to the
+foreground first when cores are short. 0 leaves them at the process's priority."""
+MAX_NICE: Final = 19
+"""The largest `nice` value on Linux: the least CPU priority a thread can have."""
 REAL_DEMO_SECONDS: Final = 4.0
 """How long each run of `npu-manager demo --real` lasts, in wall-clock seconds."""
 

@@ -1,8 +1,10 @@
 """`Channels`: the worker threads, queue and events under a real driver.
 
-Each device has `channels` worker threads; a free worker takes the next job from the
-device's `DeviceScheduler`, calls the runtime outside the lock, and reports what really
-happened. `RealDriver` (`realexec.base`) adds models and submission on top.
+Each channel of a device has a foreground worker thread and, where the device has
+background bands, a background one running at a lower OS priority (`background_nice`):
+the worker of the next job's class takes it from the device's `DeviceScheduler` when its
+channel is free, calls the runtime outside the lock, and reports what really happened.
+`RealDriver` (`realexec.base`) adds models and submission on top.
 """
 
 from __future__ import annotations
@@ -32,13 +34,17 @@ from npumanager.schemas.limits import (
     DEFAULT_MAX_MODELS,
     INT32_MAX,
     MAX_CHANNELS,
+    MAX_EFFECTIVE_PRIORITY,
     MAX_LIVE_WORK,
     MAX_MODELS,
+    MAX_NICE,
     MIN_PRIORITY,
+    REAL_BACKGROUND_NICE,
     REAL_MAX_RESULTS,
     REAL_NO_SLICE_US,
     REAL_RESERVED_CHANNELS,
 )
+from npumanager.vendor_drivers.realexec.osprio import lower_thread_priority
 from npumanager.vendor_drivers.realexec.session import Call, Session, background_from
 from npumanager.vendor_drivers.realexec.work import WorkFuture, effective_priority
 
@@ -82,6 +88,7 @@ class Channels(DriverBase):
         max_models: int = DEFAULT_MAX_MODELS,
         clock: str = "real",
         reserved_channels: int = REAL_RESERVED_CHANNELS,
+        background_nice: int = REAL_BACKGROUND_NICE,
     ) -> None:
         if clock != "real":
             raise IllegalArgumentError(
@@ -94,9 +101,11 @@ class Channels(DriverBase):
         mutex = threading.RLock()
         self._lock = threading.Condition(mutex)
         self._pump_lock = threading.Lock()
-        self._ready = [threading.Condition(mutex) for _ in self.specs]
-        """Per device, what its workers wait on: woken only when there is work to take."""
+        self._ready = [(threading.Condition(mutex), threading.Condition(mutex)) for _ in specs]
+        """Per device, what its foreground and background workers wait on: woken only when
+        the next job is of their class."""
         reserved = check_int("reserved_channels", reserved_channels, 0, MAX_CHANNELS)
+        self.background_nice = check_int("background_nice", background_nice, 0, MAX_NICE)
         self._background_limit = [max(1, s.channels - reserved) for s in self.specs]
         self._background_from = [background_from(s) for s in self.specs]
         self._background_busy = [0] * len(self.specs)
@@ -112,9 +121,16 @@ class Channels(DriverBase):
         self._closed = False
         self._t0 = time.monotonic_ns()
         self._threads = [
-            threading.Thread(target=self._worker, args=(d, c), daemon=True, name=f"npu{d}.{c}")
+            threading.Thread(
+                target=self._worker,
+                args=(d, c, background),
+                daemon=True,
+                name=f"npu{d}.{c}{'-bg' if background else ''}",
+            )
             for d, spec in enumerate(self.specs)
             for c in range(spec.channels)
+            for background in (False, True)
+            if not background or self._background_from[d] <= MAX_EFFECTIVE_PRIORITY
         ]
         for thread in self._threads:
             thread.start()
@@ -179,12 +195,14 @@ class Channels(DriverBase):
 
     # Workers ------------------------------------------------------------------------------
 
-    def _worker(self, device: int, channel: int) -> None:
-        sched = self._scheds[device]
+    def _worker(self, device: int, channel: int, background: bool) -> None:
+        if background:
+            lower_thread_priority(self.background_nice)
+        sched, ready = self._scheds[device], self._ready[device][background]
         while True:
             with self._lock:
-                while not self._closed and not self._can_take(device, channel):
-                    self._ready[device].wait()
+                while not self._closed and not self._can_take(device, channel, background):
+                    ready.wait()
                 if self._closed:
                     return
                 t = self.now_us
@@ -193,6 +211,7 @@ class Channels(DriverBase):
                     continue
                 sched.start(work, channel, t)
                 self._start(work, channel, t)
+                self._wake(device)  # the next job may be for the other class of workers
             self._execute(work)
 
     def _start(self, work: Work, channel: int, t: int) -> None:
@@ -232,32 +251,35 @@ class Channels(DriverBase):
             return None
 
     def _wake(self, device: int | None = None) -> None:
-        """Wake the workers of a device (or all) when work waits, and `run_until_idle`
-        when nothing is live (lock held); no wake-up is spent on nothing."""
+        """Wake the workers of the next job's class on a device (or all) when work waits,
+        and `run_until_idle` when nothing is live (lock held); no wake-up is spent on nothing."""
         for d in range(len(self.specs)) if device is None else (device,):
-            if self._scheds[d].depth or self._closed:
-                self._ready[d].notify_all()
+            if self._closed:
+                for ready in self._ready[d]:
+                    ready.notify_all()
+            elif self._scheds[d].depth:
+                head = self._scheds[d].peek(self.now_us)
+                if head is not None:
+                    self._ready[d][self._in_background(head)].notify_all()
         if (not self._work and not self._busy) or self._closed:
             self._lock.notify_all()
-
-    def _free_channel(self, device: int) -> int | None:
-        """A channel the calling thread may run the next job on (lock held), if any."""
-        for channel in range(self.specs[device].channels):
-            if self._can_take(device, channel):
-                return channel
-        return None
 
     def _in_background(self, work: Work) -> bool:
         """True if the work's band `is_background` on its device."""
         return work.effective_priority >= self._background_from[work.device]
 
-    def _can_take(self, device: int, channel: int) -> bool:
-        """A job waits, the channel is free, and the next job is not `_held_back`."""
+    def _can_take(self, device: int, channel: int, background: bool) -> bool:
+        """A job waits, the channel is free, and the next job is of this worker's class
+        (`background`) and not `_held_back`."""
         sched = self._scheds[device]
         if sched.depth == 0 or sched.running[channel] is not None:
             return False
         head = sched.peek(self.now_us)
-        return head is not None and not self._held_back(head)
+        return (
+            head is not None
+            and self._in_background(head) == background
+            and not self._held_back(head)
+        )
 
     def _held_back(self, work: Work) -> bool:
         """Background work (`is_background`) takes the last `reserved_channels` free

@@ -1,8 +1,11 @@
 """`Submission`: how work enters a real driver, and the lean path of `run_inference`.
 
-An inference submitted `inline` that finds nothing waiting and a channel it may take goes
-straight onto that channel (`DeviceScheduler.admit`) and runs on the submitting thread:
-no queue, no worker hand-over, no timer thread when there is no timeout. Everything else
+An inference submitted `inline` that is next in line and finds a channel it may take goes
+straight onto that channel and runs on the submitting thread: no worker hand-over, no
+timer thread when there is no timeout; when nothing waits it does not even pass through
+the queue (`DeviceScheduler.admit`). That is the common case of a foreground app beside
+a background one: the background work held back for want of a channel (`_held_back`)
+waits, the foreground inference takes the free channel on its own thread. Everything else
 is queued for the device's workers. Either way the events are the same (REQUESTED,
 STARTED, ENDED) and so are the checks.
 """
@@ -71,7 +74,7 @@ class Submission(Channels):
         inline: bool = False,
     ) -> WorkFuture:
         """Queue one inference; a future of its outputs (`cancel()` cancels the work).
-        `inline`: if nothing waits and a channel is free, it takes the channel now and
+        `inline`: if it is next in line and a channel is free, it takes the channel now and
         `outputs` runs it on the calling thread."""
         self._check_open()
         uid = check_int("uid", uid, 0, INT32_MAX)
@@ -132,17 +135,23 @@ class Submission(Channels):
             self._work[work_id] = work
             sched = self._scheds[device]
             channel = self._inline_channel(work) if inline and not sched.queued else None
-            if channel is None:
-                sched.enqueue(work, t)
-                self._wake(device)
-            else:
+            if channel is not None:
                 sched.admit(work, channel, t)
-                self._start(work, channel, t)
-                work.future.inline = work
+            else:
+                sched.enqueue(work, t)
+                if inline and sched.peek(t) is work:  # first in line behind held-back work
+                    channel = self._inline_channel(work)
+                if channel is None:
+                    self._wake(device)
+                    return work.future
+                sched.pick(t)
+                sched.start(work, channel, t)
+            self._start(work, channel, t)
+            work.future.inline = work
             return work.future
 
     def _inline_channel(self, work: Work) -> int | None:
-        """The free channel new work may take at once when nothing waits (lock held): the
+        """The free channel new work may take at once, being next in line (lock held): the
         first free one, unless background work is held back (`_held_back`)."""
         for channel, running in enumerate(self._scheds[work.device].running):
             if running is None:
