@@ -11,6 +11,8 @@ in code (a chain of matrix multiplications sized to about `--ms` per inference h
   the runtime themselves, as before npu-manager; `fg_direct_p99_ms`, `bg_direct_per_s`.
 * overhead: on an idle device, `LoadedModel.run` against a bare runtime call of the same
   session with one input row; `overhead_p50_us` is the difference of the medians.
+* parallel: two inferences on the device's two channels at once against one alone;
+  `two_at_once_over_one` is about 1 when the runtime really runs them side by side.
 
 The three phases run `--repeats` times in turn, with the same model and inputs, and each
 figure is the median over the repeats (`*_spread` gives the lowest and highest ratio seen).
@@ -80,6 +82,31 @@ def rows_for(driver_name: str, ms: float) -> int:
         driver: Any = svc.driver
         model = driver.load_timed_model()
         return int(driver.timed_inputs(model, ms)["x"].shape[0])
+
+
+def two_at_once(driver_name: str, rows: int) -> float:
+    """Wall time of two foreground inferences submitted together to the driver's two
+    channels over that of one (medians): about 1 when the channels really run in
+    parallel (two free cores), about 2 when the runtime runs them in turn."""
+    with Service(driver_name, "status_quo") as svc:
+        svc.set_uid_importance(FOREGROUND, npu.IMPORTANCE_FOREGROUND)
+        driver: Any = svc.driver
+        model = driver.load_model(model=chain_bytes(), uid=FOREGROUND)
+        feeds = {"x": np.full((rows, CHAIN_WIDTH), 0.5, np.float32)}
+
+        def wall(count: int) -> float:
+            start = time.perf_counter()
+            futures = [
+                driver.submit_future(model, uid=FOREGROUND, inputs=feeds) for _ in range(count)
+            ]
+            for future in futures:
+                future.result()
+            return time.perf_counter() - start
+
+        wall(2)
+        one = statistics.median(wall(1) for _ in range(15))
+        two = statistics.median(wall(2) for _ in range(15))
+        return two / one
 
 
 def managed(
@@ -241,6 +268,7 @@ def measure(driver_name: str, args: argparse.Namespace) -> dict[str, Any]:
     out["bg_managed_over_direct"] = round(
         out["bg_managed_per_s"] / max(out["bg_direct_per_s"], 1e-9), 2
     )
+    out["two_at_once_over_one"] = round(two_at_once(driver_name, rows), 2)
     out["targets_met"] = {
         "fg_managed_p99_ms <= 1.5 x fg_solo_p99_ms": out["managed_over_solo_p99"] <= 1.5,
         "fg_managed_p99_ms < fg_direct_p99_ms": out["managed_over_direct_p99"] < 1.0,
@@ -254,6 +282,7 @@ TARGETS = {
     "managed_over_solo_p99": "target <= 1.5",
     "managed_over_direct_p99": "target < 1",
     "overhead_p50_us": "target <= 50",
+    "two_at_once_over_one": "~1: channels in parallel, ~2: in turn",
 }
 
 

@@ -176,3 +176,20 @@ def test_the_cpu_takes_no_priority_hint_and_says_so_once(caplog: pytest.LogCaptu
         assert driver.model_info(handle).relayed == {}  # type: ignore[attr-defined]
     lines = [r for r in caplog.records if "driver's own queue orders the work" in r.message]
     assert len(lines) == 1
+
+
+def test_two_channels_run_two_requests_of_one_model_at_once() -> None:
+    most = max(ov.Core().get_property("CPU", "RANGE_FOR_STREAMS"))
+    with OpenVinoDriver(device="CPU", devices=[{"channels": 2}]) as d:
+        d.set_scheduling_configs([SchedulingConfig(uid=1, app_priority=100)])
+        model = d.load_timed_model()
+        session: Any = d.model_info(model)
+        assert session.streams == min(2, most)
+        assert session.compiled.get_property("NUM_STREAMS") == session.streams
+        works = [d.submit(model, uid=1, inputs=d.timed_inputs(model, 50)) for _ in range(2)]
+        d.run_until_idle()
+        events = d.take_events()
+        starts = [e.time_us for e in events if e.kind == EventKind.STARTED]
+        ends = [e.time_us for e in events if e.kind == EventKind.ENDED]
+        assert [ended(events, w) for w in works] == [EndReason.COMPLETED] * 2
+        assert max(starts) < min(ends), "both requests were in the runtime at once"

@@ -3,7 +3,11 @@ on worker threads (`RealDriver`) with async inference requests.
 
 `device` defaults to NPU when `Core().available_devices` has one, else CPU. Models come
 from ONNX (bytes or a `.onnx` path), OpenVINO IR (a `.xml` path with its `.bin`) or an
-`ov.Model`; weight bytes are the model's constants. On an NPU the capacity is what the
+`ov.Model`; weight bytes are the model's constants. A model is compiled with one stream
+per channel (`NUM_STREAMS`, and `INFERENCE_NUM_THREADS` per stream times streams), so the
+channels' requests really run side by side; a device that grants fewer streams (the CPU:
+at most its cores) is logged. The computing happens on OpenVINO's stream threads, which
+the driver's `background_nice` does not reach. On an NPU the capacity is what the
 device reports free (`NPU_DEVICE_TOTAL_MEM_SIZE - NPU_DEVICE_ALLOC_MEM_SIZE`), elsewhere
 `capacity_bytes`. A request runs with `start_async` and is waited for with `wait()`, which
 releases the GIL; a Python completion callback is not used (it runs on OpenVINO's thread
@@ -121,12 +125,13 @@ class OvSession:
         self.target = device
         self._listed = supported(core, device)
         config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
-        if "INFERENCE_NUM_THREADS" in self._listed:
-            config["INFERENCE_NUM_THREADS"] = threads
         if "NUM_STREAMS" in self._listed:
             # One stream per channel: with one, the plugin runs the channels' requests in
-            # turn, so a later urgent inference would wait for a running one.
+            # turn, so a later urgent inference would wait for a running one. A stream
+            # needs threads of its own: the thread count is per stream times streams.
             config["NUM_STREAMS"] = streams
+        if "INFERENCE_NUM_THREADS" in self._listed:
+            config["INFERENCE_NUM_THREADS"] = threads * (streams if "NUM_STREAMS" in config else 1)
         config.update({k: v for k, v in props.items() if k in self._listed})
         try:
             self.compiled = core.compile_model(model, device, config)
@@ -138,6 +143,15 @@ class OvSession:
         executing = self._get("EXECUTION_DEVICES")
         if executing:
             self.target = ",".join(map(str, executing))
+        self.streams = int(self._get("NUM_STREAMS") or streams) if "NUM_STREAMS" in config else 0
+        """Requests the compiled model runs at once (0: the device does not say)."""
+        if 0 < self.streams < streams:
+            log.info(
+                "%s runs %d requests of a model at once, fewer than the %d channels (cores)",
+                self.target,
+                self.streams,
+                streams,
+            )
         self.relayed = dict(config.items() & props.items())
         self._warned = not (set(props) - set(self.relayed))
         if not self._warned:
