@@ -246,6 +246,8 @@ MAX_NICE: Final = 19
 """The largest `nice` value on Linux: the least CPU priority a thread can have."""
 REAL_DEMO_SECONDS: Final = 4.0
 """How long each run of `npu-manager demo --real` lasts, in wall-clock seconds."""
+MAX_REAL_DEMO_SECONDS: Final = 600.0
+"""The longest run `npu-manager demo --real --seconds` takes."""
 
 HEALTH_READ_INTERVAL_MS: Final = 1_000
 """How often a health source is read unless it asks otherwise (ivpu advises at most 1/s)."""
