@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -111,3 +112,30 @@ def test_background_work_runs_on_workers_of_lower_os_priority() -> None:
 def test_background_nice_out_of_range_is_refused() -> None:
     with pytest.raises(IllegalArgumentError, match="background_nice must be within 0..19"):
         OnnxRuntimeDriver(background_nice=20)
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_foreground_work_does_not_wait_behind_held_back_owed_background_work(
+    inline: bool,
+) -> None:
+    with OnnxRuntimeDriver(devices=[{"channels": 2}]) as d:
+        d.set_scheduling_configs(
+            [
+                SchedulingConfig(uid=10, app_priority=400),  # normal band: background
+                SchedulingConfig(uid=11, app_priority=1000),  # idle band: background, owed
+                SchedulingConfig(uid=20, app_priority=100),  # focus
+            ]
+        )
+        model = d.load_timed_model()
+        busy = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 300))
+        while d.device_state(0).running.count(-1) == 2 and not busy.done():
+            d.run_until_idle(max_us=1000)
+        idle = d.submit_future(model, uid=11, inputs=d.timed_inputs(model, 1))
+        time.sleep(0.01)  # the idle band's floor credit grows: it heads the queue, held back
+        inputs = d.timed_inputs(model, 1)
+        if inline:
+            d.run_inference(model, uid=20, inputs=inputs)
+        else:
+            d.submit_future(model, uid=20, inputs=inputs).result(timeout=60)
+        assert not busy.done() and not idle.done(), "the foreground job went first"
+        d.run_until_idle()

@@ -201,3 +201,34 @@ def test_admit_refuses_when_a_job_waits() -> None:
     sched.enqueue(Job(1, 10, 100), 0)
     with pytest.raises(ValueError, match="admit only when no job waits"):
         sched.admit(Job(2, 10, 100), 0, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from([Scheduler.FAIR, Scheduler.STRICT]),
+    st.lists(st.tuples(st.integers(1, 3), st.integers(0, 1200)), min_size=1, max_size=12),
+    st.sampled_from([100, 300, 1000]),
+)
+def test_pick_below_takes_the_first_in_pick_order_of_the_bands_above(
+    scheduler: Scheduler, jobs: list[tuple[int, int]], below: int
+) -> None:
+    spec = DeviceSpec(channels=1, scheduler=scheduler)
+    every: DeviceScheduler[Job] = DeviceScheduler(spec)
+    some: DeviceScheduler[Job] = DeviceScheduler(spec)
+    for n, (uid, priority) in enumerate(jobs, start=1):
+        for sched in (every, some):
+            sched.enqueue(Job(id=n, uid=uid, effective_priority=priority), n)
+    t = len(jobs) + 1
+    order = []
+    while every.depth:
+        job = every.pick(t)
+        assert job is not None
+        order.append(job)
+    under = [j.id for j in order if j.effective_priority < below]
+    if scheduler == Scheduler.STRICT:  # the head only: strict has no bands to look past
+        under = under[:1] if order[0].effective_priority < below else []
+    got = some.peek(t, below)
+    taken = some.pick(t, below)
+    assert (got.id if got else None) == (taken.id if taken else None)
+    assert (taken.id if taken else None) == (under[0] if under else None)
+    assert some.depth == len(jobs) - (taken is not None)

@@ -189,23 +189,29 @@ class DeviceScheduler(Generic[J]):
 
     # Decisions ----------------------------------------------------------------------
 
-    def peek(self, t: int) -> J | None:
-        """The job `pick(t)` would take, without taking it (a driver may hold it back)."""
-        if not self.queued:
-            return None
-        self._fold(t)
-        return self.heap[0][2] if not self.fair else self._ranked(1)[0]
-
-    def pick(self, t: int) -> J | None:
-        """Take the job that a free channel runs next at `t`, if any waits."""
+    def peek(self, t: int, below: int | None = None) -> J | None:
+        """The job `pick(t, below)` would take, without taking it (a driver may hold it
+        back). `below`: only among jobs of effective priority under it (under fair, it is
+        meant to be a band's first priority: the bands before it)."""
         if not self.queued:
             return None
         self._fold(t)
         if not self.fair:
-            self.queued -= 1
-            return heapq.heappop(self.heap)[2]
-        job = self._ranked(1)[0]
-        self.flows[(job.band, job.uid)].queue.pop(0)
+            head = self.heap[0][2]
+            return head if below is None or head.effective_priority < below else None
+        ranked = self._ranked(1, below)
+        return ranked[0] if ranked else None
+
+    def pick(self, t: int, below: int | None = None) -> J | None:
+        """Take the job that a free channel runs next at `t` (among those under `below`, as
+        `peek`), if any waits."""
+        job = self.peek(t, below)
+        if job is None:
+            return None
+        if not self.fair:
+            heapq.heappop(self.heap)
+        else:
+            self.flows[(job.band, job.uid)].queue.pop(0)
         self.queued -= 1
         return job
 
@@ -285,13 +291,17 @@ class DeviceScheduler(Generic[J]):
             above += self.busy[band]
         self.folded_us = t
 
-    def _ranked(self, n: int) -> list[J]:
-        """The next `n` jobs `pick` would take, in order, without taking them."""
+    def _ranked(self, n: int, below: int | None = None) -> list[J]:
+        """The next `n` jobs `pick` would take, in order, without taking them (only from
+        bands that start under `below`, if given)."""
         taken: dict[tuple[int, int], int] = {}
         out: list[J] = []
+        bands = self.spec.bands
         for _ in range(n):
             best: tuple[tuple[int, int, int, int, int], tuple[int, int]] | None = None
             for name, flow in self.flows.items():
+                if below is not None and bands[name[0]].first_priority >= below:
+                    continue
                 at = taken.get(name, 0)
                 if at < len(flow.queue):
                     band, head = name[0], flow.queue[at]

@@ -206,7 +206,7 @@ class Channels(DriverBase):
                 if self._closed:
                     return
                 t = self.now_us
-                work = sched.pick(t)
+                work = sched.pick(t, self._choice(device, t)[1])
                 if work is None:
                     continue
                 sched.start(work, channel, t)
@@ -258,7 +258,7 @@ class Channels(DriverBase):
                 for ready in self._ready[d]:
                     ready.notify_all()
             elif self._scheds[d].depth:
-                head = self._scheds[d].peek(self.now_us)
+                head = self._choice(d, self.now_us)[0]
                 if head is not None:
                     self._ready[d][self._in_background(head)].notify_all()
         if (not self._work and not self._busy) or self._closed:
@@ -269,17 +269,24 @@ class Channels(DriverBase):
         return work.effective_priority >= self._background_from[work.device]
 
     def _can_take(self, device: int, channel: int, background: bool) -> bool:
-        """A job waits, the channel is free, and the next job is of this worker's class
-        (`background`) and not `_held_back`."""
+        """A job waits, the channel is free, and the next job (`_choice`) is of this
+        worker's class (`background`)."""
         sched = self._scheds[device]
         if sched.depth == 0 or sched.running[channel] is not None:
             return False
-        head = sched.peek(self.now_us)
-        return (
-            head is not None
-            and self._in_background(head) == background
-            and not self._held_back(head)
-        )
+        work = self._choice(device, self.now_us)[0]
+        return work is not None and self._in_background(work) == background
+
+    def _choice(self, device: int, t: int) -> tuple[Work | None, int | None]:
+        """The job a free channel runs next at `t` (lock held), and the `below` to pick it with:
+        the scheduler's next, or, when that is background work `_held_back`, the next of
+        the bands above the background ones (foreground work never waits behind it)."""
+        sched = self._scheds[device]
+        head = sched.peek(t)
+        if head is None or not self._held_back(head):
+            return head, None
+        below = self._background_from[device]
+        return sched.peek(t, below), below
 
     def _held_back(self, work: Work) -> bool:
         """Background work (`is_background`) takes the last `reserved_channels` free

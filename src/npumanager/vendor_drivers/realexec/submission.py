@@ -139,12 +139,13 @@ class Submission(Channels):
                 sched.admit(work, channel, t)
             else:
                 sched.enqueue(work, t)
-                if inline and sched.peek(t) is work:  # first in line behind held-back work
+                choice, below = self._choice(device, t) if inline else (None, None)
+                if choice is work:  # next in line, before any held-back background work
                     channel = self._inline_channel(work)
                 if channel is None:
                     self._wake(device)
                     return work.future
-                sched.pick(t)
+                sched.pick(t, below)
                 sched.start(work, channel, t)
             self._start(work, channel, t)
             work.future.inline = work
