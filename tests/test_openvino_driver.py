@@ -61,6 +61,7 @@ def test_registered_with_honest_capabilities() -> None:
         DriverCapability.REAL_TIME,
         DriverCapability.MULTI_DEVICE,
         DriverCapability.FAIR_SHARE,
+        DriverCapability.RESTART_PREEMPTION,
     }
 
 

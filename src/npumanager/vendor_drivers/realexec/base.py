@@ -5,8 +5,11 @@ device's worker threads (`Channels`): REQUESTED when queued, STARTED when the ru
 call begins, ENDED(COMPLETED) when it returns (outputs kept for the caller), FAILED on a
 runtime error, CANCELLED_USER on `cancel`, CANCELLED_SYSTEM on unload. Queued work that
 ends never runs; running work is stopped with the runtime's own cancel. Nothing running
-is paused: a more important job takes the next free channel (no PREEMPTION). Time is the
-monotonic clock. A subclass opens models into `Session`s (`_open`).
+is paused (no PREEMPTION): a more important job takes the next free channel, and when
+there is none, a running job of a less important band is stopped with the runtime's
+cancel and requeued to start over (RESTART_PREEMPTION: ENDED(PAUSED), later
+STARTED(RESUMED); `restart_preemption=False` turns it off). Time is the monotonic clock.
+A subclass opens models into `Session`s (`_open`).
 """
 
 from __future__ import annotations
@@ -121,6 +124,8 @@ class RealDriver(Submission):
                     band = self._band(model.device, model.uid, configs)
                     model.session.set_band(band, len(self.specs[model.device].bands))
             self._wake()
+            for device in range(len(self.specs)):
+                self._preempt(device, t)
 
     # Models -------------------------------------------------------------------------------
 

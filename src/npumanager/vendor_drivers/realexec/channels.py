@@ -63,6 +63,9 @@ class Work(Job):
     feeds: dict[str, np.ndarray] | None
     future: WorkFuture
     call: Call | None = None
+    stopping: bool = False
+    """Being stopped to make room (restart preemption): it goes back to the queue."""
+    restarts: int = 0
 
 
 @dataclass(eq=False)
@@ -89,6 +92,7 @@ class Channels(DriverBase):
         clock: str = "real",
         reserved_channels: int = REAL_RESERVED_CHANNELS,
         background_nice: int = REAL_BACKGROUND_NICE,
+        restart_preemption: bool = True,
     ) -> None:
         if clock != "real":
             raise IllegalArgumentError(
@@ -106,6 +110,11 @@ class Channels(DriverBase):
         the next job is of their class."""
         reserved = check_int("reserved_channels", reserved_channels, 0, MAX_CHANNELS)
         self.background_nice = check_int("background_nice", background_nice, 0, MAX_NICE)
+        if not isinstance(restart_preemption, bool):
+            raise IllegalArgumentError(
+                f"restart_preemption must be True or False; got {restart_preemption!r}"
+            )
+        self.restart_preemption = restart_preemption
         self._background_limit = [max(1, s.channels - reserved) for s in self.specs]
         self._background_from = [background_from(s) for s in self.specs]
         self._background_busy = [0] * len(self.specs)
@@ -212,6 +221,7 @@ class Channels(DriverBase):
                 sched.start(work, channel, t)
                 self._start(work, channel, t)
                 self._wake(device)  # the next job may be for the other class of workers
+                self._preempt(device, t)
             self._execute(work)
 
     def _start(self, work: Work, channel: int, t: int) -> None:
@@ -219,7 +229,8 @@ class Channels(DriverBase):
         work.call = Call(self._in_background(work))
         self._busy += 1
         self._background_busy[work.device] += work.call.background
-        self._event(EventKind.STARTED, StartReason.INITIAL, work, t)
+        reason = StartReason.RESUMED if work.restarts else StartReason.INITIAL
+        self._event(EventKind.STARTED, reason, work, t)
 
     def _execute(self, work: Work) -> list[np.ndarray] | None:
         """Run started work on this thread (lock not held), then end it as it went; its
@@ -237,6 +248,12 @@ class Channels(DriverBase):
             self._background_busy[work.device] -= work.call.background
             if self._work.get(work.id) is work:
                 t = self.now_us
+                if outputs is None and work.stopping:  # made room: back in line, from the start
+                    work.stopping, work.restarts = False, work.restarts + 1
+                    self._scheds[work.device].stop(work, t, requeue=True)
+                    self._event(EventKind.ENDED, EndReason.PAUSED, work, t)
+                    self._wake(work.device)
+                    return None
                 self._scheds[work.device].stop(work, t, requeue=False)
                 del self._work[work.id]
                 work.feeds = None
@@ -298,6 +315,33 @@ class Channels(DriverBase):
             return False
         running = [w.effective_priority for w in self._scheds[device].running if w is not None]
         return not work.effective_priority < min(running, default=work.effective_priority + 1)
+
+    def _preempt(self, device: int, t: int) -> None:
+        """Restart preemption (lock held): when every channel is busy and the next job is of
+        a more important band than a running one, stop the least important running job
+        (the latest started of those) with the runtime's cancel; `_execute` requeues it. A
+        job whose band is owed its floor share (fair) is not stopped: it would only start
+        over, again and again."""
+        sched = self._scheds[device]
+        if not self.restart_preemption or not sched.queued or None in sched.running:
+            return
+        running = [w for w in sched.running if w is not None]
+        job = self._choice(device, t)[0]
+        if job is None or any(w.stopping for w in running):
+            return
+        band = self.specs[device].band_of
+        mine = band(job.effective_priority)
+        victims = [
+            w
+            for w in running
+            if band(w.effective_priority) > mine
+            and not (sched.fair and sched.credit[band(w.effective_priority)] > 0)
+        ]
+        if victims:
+            victim = max(victims, key=lambda w: (band(w.effective_priority), w.run_start_us))
+            victim.stopping = True
+            assert victim.call is not None
+            victim.call.cancel()
 
     def _keep(self, work: Work, outputs: list[np.ndarray]) -> None:
         if work.future.keep:

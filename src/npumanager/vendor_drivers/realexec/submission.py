@@ -144,6 +144,7 @@ class Submission(Channels):
                     channel = self._inline_channel(work)
                 if channel is None:
                     self._wake(device)
+                    self._preempt(device, t)
                     return work.future
                 sched.pick(t, below)
                 sched.start(work, channel, t)
