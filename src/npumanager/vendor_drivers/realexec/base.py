@@ -35,10 +35,10 @@ from npumanager.schemas.limits import (
     TIMED_CALIBRATION_ROWS,
 )
 from npumanager.vendor_drivers.realexec.chain import chain_inputs, chain_model
-from npumanager.vendor_drivers.realexec.channels import ExecutionError, Model, Work
+from npumanager.vendor_drivers.realexec.channels import ExecutionError
 from npumanager.vendor_drivers.realexec.session import Call, Session
 from npumanager.vendor_drivers.realexec.submission import Submission
-from npumanager.vendor_drivers.realexec.work import effective_priority
+from npumanager.vendor_drivers.realexec.work import Model, Work, effective_priority
 
 ModelSource = bytes | Any | None
 """A model as a runtime takes it: bytes, or the runtime's own model object."""

@@ -13,14 +13,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from npumanager.checks import check_device, check_int
 from npumanager.core.driver import DriverBase
 from npumanager.core.events import EventKind, WorkEvent
-from npumanager.core.scheduler import DeviceScheduler, Job
+from npumanager.core.scheduler import DeviceScheduler
 from npumanager.errors import (
     DriverClosedError,
     ExecutionError,
@@ -45,39 +44,8 @@ from npumanager.schemas.limits import (
     REAL_RESERVED_CHANNELS,
 )
 from npumanager.vendor_drivers.realexec.osprio import lower_thread_priority
-from npumanager.vendor_drivers.realexec.session import Call, Session, background_from
-from npumanager.vendor_drivers.realexec.work import WorkFuture, effective_priority
-
-
-@dataclass(eq=False, kw_only=True)
-class Work(Job):
-    """One live inference."""
-
-    model: int
-    device: int
-    original_uid: int
-    job_priority: int
-    group_id: bytes | None
-    feature_id: str | None
-    debug_pid: int
-    feeds: dict[str, np.ndarray] | None
-    future: WorkFuture
-    call: Call | None = None
-    stopping: bool = False
-    """Being stopped to make room (restart preemption): it goes back to the queue."""
-    restarts: int = 0
-
-
-@dataclass(eq=False)
-class Model:
-    """A loaded model: its device, bytes and session (None: accounted only)."""
-
-    id: int
-    device: int
-    weight_bytes: int
-    session: Session | None
-    row_us: float = 0.0
-    uid: int | None = None
+from npumanager.vendor_drivers.realexec.session import Call, background_from
+from npumanager.vendor_drivers.realexec.work import Model, Work, effective_priority
 
 
 class Channels(DriverBase):

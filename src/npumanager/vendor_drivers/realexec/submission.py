@@ -23,9 +23,9 @@ from npumanager.core.events import NO_REASON, EventKind
 from npumanager.errors import IllegalArgumentError, UnknownModelError
 from npumanager.schemas import EndReason
 from npumanager.schemas.limits import INT32_MAX, INT32_MIN, MAX_PRIORITY, MIN_PRIORITY
-from npumanager.vendor_drivers.realexec.channels import Channels, ExecutionError, Work
+from npumanager.vendor_drivers.realexec.channels import Channels, ExecutionError
 from npumanager.vendor_drivers.realexec.session import check_feeds
-from npumanager.vendor_drivers.realexec.work import WorkFuture, effective_priority, permitted
+from npumanager.vendor_drivers.realexec.work import Work, WorkFuture, effective_priority, permitted
 
 
 class Submission(Channels):
