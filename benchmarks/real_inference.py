@@ -10,7 +10,8 @@ in code (a chain of matrix multiplications sized to about `--ms` per inference h
 * direct: no manager: the foreground thread and `--bg-threads` background threads call
   the runtime themselves, as before npu-manager; `fg_direct_p99_ms`, `bg_direct_per_s`.
 * overhead: on an idle device, `LoadedModel.run` against a bare runtime call of the same
-  session with one input row; `overhead_p50_us` is the difference of the medians.
+  session with one input row, alternating; `overhead_p50_us` is the difference of the
+  medians.
 * parallel: two inferences on the device's two channels at once against one alone;
   `two_at_once_over_one` is about 1 when the runtime really runs them side by side.
 
@@ -42,6 +43,8 @@ PERIOD_S = 1 / 60
 FOREGROUND, BACKGROUND = 10001, 10002
 BG_DEPTH = 4
 """Inferences the managed background app keeps in flight."""
+OVERHEAD_PAIRS = 1000
+"""Bare and managed one-row calls, alternating, for `overhead_p50_us`."""
 
 
 def chain_bytes() -> bytes:
@@ -156,24 +159,22 @@ def managed(
 
 
 def overhead_us(model: npu.LoadedModel, svc: Service) -> float:
-    """Median `LoadedModel.run` less the median bare call of the same session, one row."""
+    """Median `LoadedModel.run` less the median bare call of the same session, one row;
+    the two alternate call by call, so a change of the machine's load hits both alike."""
     driver: Any = svc.driver
     session = driver.model_info(model.handle)
     small = {"x": np.full((1, CHAIN_WIDTH), 0.5, np.float32)}
     from npumanager.vendor_drivers.realexec.session import Call
 
-    def timed(call: Callable[[], Any]) -> float:
-        times = []
-        for _ in range(400):
-            start = time.perf_counter_ns()
-            call()
-            times.append(time.perf_counter_ns() - start)
-        return statistics.median(times) / 1000
-
-    bare = timed(lambda: session.run(small, Call(False)))
-    through = timed(lambda: model.run(small))
-    bare = min(bare, timed(lambda: session.run(small, Call(False))))
-    return through - bare
+    bare, through = [], []
+    for _ in range(OVERHEAD_PAIRS):
+        start = time.perf_counter_ns()
+        session.run(small, Call(False))
+        middle = time.perf_counter_ns()
+        model.run(small)
+        bare.append(middle - start)
+        through.append(time.perf_counter_ns() - middle)
+    return (statistics.median(through) - statistics.median(bare)) / 1000
 
 
 def direct_runner(driver_name: str, callers: int) -> Callable[[], Callable[[dict[str, Any]], Any]]:
