@@ -104,7 +104,10 @@ def run_direct(plan: Plan) -> dict[str, Any]:
         for app in plan.scenario.apps:
             channels = 1 if app.work.kind == "periodic" else app.work.burst
             driver: Any = factory(
-                devices=[{"channels": channels}], reserved_channels=0, background_nice=0
+                devices=[{"channels": channels}],
+                reserved_channels=0,
+                background_nice=0,
+                restart_preemption=False,
             )
             stack.callback(driver.close)
             handle = driver.load_model(0, model=plan.model)
