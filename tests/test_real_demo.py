@@ -31,9 +31,10 @@ SIMULATED_KEYS = {
     "background_jobs_done",
     "assistant_jobs_done",
     "indexer_jobs_done",
+    "unload_requests",
     "jobs_done",
 }
-"""The simulated demo's keys that apply to a real run (memory, heat and unloads do not)."""
+"""The simulated demo's keys that apply to a real run (memory and heat do not)."""
 
 
 def console(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -97,9 +98,38 @@ def test_a_scenario_file_is_played_for_real(tmp_path: Path) -> None:
             "camera_deadline_misses",
             "camera_p99_ms",
             "background_jobs_done",
+            "unload_requests",
             "jobs_done",
         }
         assert run["jobs_done"]["bulk"] >= 1 and run["camera_frames"] >= 1
+
+
+def test_managed_apps_give_their_model_back_when_asked_and_take_turns() -> None:
+    turns = shipped_scenarios()["turn_taking"]
+    result = console(
+        "demo", "--real", "--driver", "onnxruntime", "--scenario", str(turns), "--seconds",
+        "1.2", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    runs = json.loads(result.stdout)
+    assert runs["direct"]["unload_requests"] == {}
+    assert runs["managed"]["unload_requests"].get("HIGHER_PRIORITY_REQUEST", 0) >= 1
+    assert all(done >= 1 for done in runs["managed"]["jobs_done"].values()), runs["managed"]
+
+
+def test_an_inference_longer_than_the_real_demo_runs_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = tmp_path / "long.toml"
+    scenario.write_text(
+        'name = "long"\nduration_ms = 1000\n[[apps]]\nname = "a"\nuid = 1\nmodel_bytes = 1\n'
+        '[apps.work]\nkind = "loop"\ncost_us = 900000\n'
+    )
+    argv = ["demo", "--real", "--driver", "onnxruntime", "--scenario", str(scenario)]
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "apps.0.work.cost_us: 900000 us" in err
+    assert "at most 500000 us" in err
 
 
 def test_demo_real_with_a_simulated_driver_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -199,5 +229,9 @@ def test_metrics_report_only_the_roles_some_app_plays() -> None:
     out = metrics(scenario, scores)
     assert out["camera_frames"] == 2 and out["camera_p99_ms"] == 40.0
     assert out["background_jobs_done"] == 2 and "apps_stopped" not in out
+    assert out["unload_requests"] == {}
     scores["llm"].error = "revoked"
-    assert metrics(scenario, scores)["apps_stopped"] == {"llm": "revoked"}
+    scores["llm"].unloads = ["THERMAL", "THERMAL"]
+    again = metrics(scenario, scores)
+    assert again["apps_stopped"] == {"llm": "revoked"}
+    assert again["unload_requests"] == {"THERMAL": 2}

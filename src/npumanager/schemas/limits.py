@@ -248,6 +248,9 @@ REAL_DEMO_SECONDS: Final = 4.0
 """How long each run of `npu-manager demo --real` lasts, in wall-clock seconds."""
 MAX_REAL_DEMO_SECONDS: Final = 600.0
 """The longest run `npu-manager demo --real --seconds` takes."""
+MAX_REAL_DEMO_COST_US: Final = 500_000
+"""The longest inference `demo --real` runs for an app (its `cost_us`): the inputs of the
+model built in code grow with it, about 100 MiB at this length."""
 
 HEALTH_READ_INTERVAL_MS: Final = 1_000
 """How often a health source is read unless it asks otherwise (ivpu advises at most 1/s)."""

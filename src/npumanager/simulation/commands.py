@@ -262,7 +262,7 @@ def _play_real(ctx: Context, table: Table, default: Path) -> int:
     print(table(body, ["", *(mode.upper() for mode in MODES)]), file=ctx.out)
     for mode in MODES:
         for name, why in metrics[mode].get("apps_stopped", {}).items():
-            print(f"{mode}: {name} stopped early: {why}", file=ctx.out)
+            print(f"{mode}: {name}: {why}", file=ctx.out)
     return 0
 
 

@@ -39,7 +39,9 @@ class AppScore:
     latencies_ms: list[float] = field(default_factory=list)
     misses: int = 0
     error: str | None = None
-    """Why the app stopped early (its model was taken back, a load failed)."""
+    """Why the app stopped early or never ran (its model was taken back, never granted)."""
+    unloads: list[str] = field(default_factory=list)
+    """Why the service asked for the app's model back, each time it did (and got it)."""
 
 
 @dataclass(frozen=True)

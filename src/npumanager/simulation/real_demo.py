@@ -7,9 +7,10 @@ here, and does its work (`real_apps`). Start times and timed importance changes 
 scaled to the run's `seconds`; periods, deadlines and costs are real. *Direct*: each app
 opens a driver of its own (its own runtime session, threads at the process's priority,
 nobody arbitrating), as before npu-manager. *Managed*: all go through one `Service` with
-the scenario's policy, importances and model priorities. Heat and memory-pressure events
-have nothing real to act on and are left out, and so are the memory, thermal and unload
-rows: the keys are the simulated demo's where they apply.
+the scenario's policy, importances and model priorities; an app asked for its model back
+gives it back and asks again after `retry_ms`. Heat and memory-pressure events have
+nothing real to act on and are left out, and so are the memory and thermal rows: the keys
+are the simulated demo's where they apply.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from npumanager.core.plugins import PluginRegistry
 from npumanager.core.service import Service
 from npumanager.errors import NpuManagerError
 from npumanager.schemas import ModelLoadRequest, ModelSize
-from npumanager.simulation.real_apps import AppScore, Runner, play
+from npumanager.schemas.limits import MAX_REAL_DEMO_COST_US
+from npumanager.simulation.real_apps import WAIT_S, AppScore, Runner, play
 from npumanager.simulation.scenario import App, Scenario
 
-LOAD_TIMEOUT_S = 30.0
 REAL_DRIVERS = ("openvino", "onnxruntime")
 """The real drivers `demo --real` picks from, in order, when none is named."""
 
@@ -36,6 +37,12 @@ class Plan:
     """What both runs share: the model, each app's inputs, when things happen."""
 
     def __init__(self, registry: PluginRegistry, driver: str, scenario: Scenario, seconds: float):
+        for index, app in enumerate(scenario.apps):
+            if app.work.cost_us > MAX_REAL_DEMO_COST_US:
+                raise NpuManagerError(
+                    f"apps.{index}.work.cost_us: {app.work.cost_us} us is longer than demo "
+                    f"--real runs one inference (at most {MAX_REAL_DEMO_COST_US} us)"
+                )
         self.driver, self.scenario, self.seconds = driver, scenario, seconds
         self.scale = seconds * 1000 / scenario.duration_ms
         """Wall seconds per scenario second, for start times and events."""
@@ -76,16 +83,17 @@ def _request(index: int, app: App) -> ModelLoadRequest:
 
 
 def _app_thread(plan: Plan, app: App, t0: float, body: Any, score: AppScore) -> threading.Thread:
-    """The app's thread: it starts at its time, runs `body(stop)` until its end."""
+    """The app's thread: it starts at its time, runs `body(stop, end)` until its end (a
+    `perf_counter` time), when `stop` is set."""
 
     def life() -> None:
-        stop = threading.Event()
+        stop, end = threading.Event(), t0 + plan.until(app)
         if stop.wait(max(0.0, t0 + plan.at(app.start_ms) - time.perf_counter())):
             return
-        timer = threading.Timer(max(0.0, t0 + plan.until(app) - time.perf_counter()), stop.set)
+        timer = threading.Timer(max(0.0, end - time.perf_counter()), stop.set)
         timer.start()
         try:
-            body(stop)
+            body(stop, end)
         except NpuManagerError as exc:
             score.error = str(exc)
         finally:
@@ -143,17 +151,46 @@ def run_managed(plan: Plan, registry: PluginRegistry) -> dict[str, Any]:
 
 
 def _managed_body(svc: Service, plan: Plan, index: int, app: App, score: AppScore) -> Any:
-    def body(stop: threading.Event) -> None:
+    """A managed app's life: ask for its model, work until the run ends or the service
+    wants the model back, then give it back and (after `retry_ms`) ask again."""
+
+    def body(stop: threading.Event, end: float) -> None:
         manager = svc.manager(app.uid, uses_feature=True)
-        request = _request(index, app)
-        with manager.reserve(
-            request, timeout_s=LOAD_TIMEOUT_S, weight_bytes=plan.weight_bytes
-        ) as lease:
-            model = lease.load_model(model=plan.model)
-            feeds = plan.inputs[app.name]
-            play(app, Runner(lambda: model.run(feeds), lambda: model.submit(feeds)), stop, score)
+        while not stop.is_set():
+            wait = max(0.001, end - time.perf_counter())
+            try:  # only the grant times out: the work itself waits in steps (`real_apps`)
+                with manager.reserve(
+                    _request(index, app), timeout_s=wait, weight_bytes=plan.weight_bytes
+                ) as lease:
+                    model = lease.load_model(model=plan.model)
+                    play(app, _runner(model, plan.inputs[app.name]), _until(stop, lease), score)
+            except TimeoutError:
+                score.error = score.error or "its model was not granted during the run"
+                return
+            if lease.unload_requested:
+                reason = lease.unload_reason
+                score.unloads.append(reason.name if reason is not None else "UNKNOWN")
+            stop.wait(app.retry_ms / 1000)
 
     return body
+
+
+def _runner(model: Any, feeds: dict[str, Any]) -> Runner:
+    return Runner(lambda: model.run(feeds), lambda: model.submit(feeds))
+
+
+def _until(stop: threading.Event, lease: Any) -> threading.Event:
+    """An event set when `stop` is or the service asks for the lease's model back
+    (looked at every `WAIT_S`)."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(WAIT_S) and not lease.unload_requested:
+            pass
+        done.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return done
 
 
 def _importance_changes(svc: Service, plan: Plan, t0: float) -> None:
@@ -174,7 +211,7 @@ def _bind(method: Any, handle: int, uid: int, feeds: dict[str, Any]) -> Any:
 
 
 def _worker(app: App, runner: Runner, score: AppScore) -> Any:
-    return lambda stop: play(app, runner, stop, score)
+    return lambda stop, end: play(app, runner, stop, score)
 
 
 def _run(threads: list[threading.Thread]) -> None:
@@ -200,6 +237,8 @@ def metrics(scenario: Scenario, scores: dict[str, AppScore]) -> dict[str, Any]:
     for role in ("background", "assistant", "indexer"):
         if role in by_role:
             out[f"{role}_jobs_done"] = sum(s.done for s in by_role[role])
+    reasons = [reason for score in scores.values() for reason in score.unloads]
+    out["unload_requests"] = {reason: reasons.count(reason) for reason in sorted(set(reasons))}
     out["jobs_done"] = {app.name: scores[app.name].done for app in scenario.apps}
     stopped = {app.name: scores[app.name].error for app in scenario.apps}
     if any(stopped.values()):
