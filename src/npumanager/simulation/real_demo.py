@@ -107,8 +107,7 @@ def run_direct(plan: Plan) -> dict[str, Any]:
     factory = plan.factory
     scores = {app.name: AppScore() for app in plan.scenario.apps}
     with contextlib.ExitStack() as stack:
-        threads = []
-        t0 = time.perf_counter()
+        bodies = []
         for app in plan.scenario.apps:
             channels = 1 if app.work.kind == "periodic" else app.work.burst
             driver: Any = factory(
@@ -124,9 +123,9 @@ def run_direct(plan: Plan) -> dict[str, Any]:
                 run=_bind(driver.run_inference, handle, app.uid, feeds),
                 submit=_bind(driver.submit_future, handle, app.uid, feeds),
             )
-            body = _worker(app, runner, scores[app.name])
-            threads.append(_app_thread(plan, app, t0, body, scores[app.name]))
-        _run(threads)
+            bodies.append((app, _worker(app, runner, scores[app.name])))
+        t0 = time.perf_counter()  # once every app's model is loaded, as in the managed run
+        _run([_app_thread(plan, app, t0, body, scores[app.name]) for app, body in bodies])
     return metrics(plan.scenario, scores)
 
 
