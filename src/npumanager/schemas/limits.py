@@ -242,6 +242,9 @@ REAL_BACKGROUND_NICE: Final = 10
 """How much lower (in `nice` steps) a real-runtime device's background workers run than the
 process: where the runtime computes on the calling thread, the OS then gives a core to the
 foreground first when cores are short. 0 leaves them at the process's priority."""
+REAL_UNKNOWN_CONFIGS_KEPT: Final = 256
+"""Scheduling configs of unconfigured uids a real driver keeps built (it is pydantic, and
+such a uid's every submission needs one)."""
 MAX_NICE: Final = 19
 """The largest `nice` value on Linux: the least CPU priority a thread can have."""
 REAL_DEMO_SECONDS: Final = 4.0

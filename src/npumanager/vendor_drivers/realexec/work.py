@@ -8,6 +8,7 @@ uid schedules by that uid's config.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import numpy as np
 
 from npumanager.core.scheduler import Job
 from npumanager.schemas import SchedulingConfig
-from npumanager.schemas.limits import UNKNOWN_UID_PRIORITY
+from npumanager.schemas.limits import REAL_UNKNOWN_CONFIGS_KEPT, UNKNOWN_UID_PRIORITY
 from npumanager.vendor_drivers.realexec.session import Call, Session
 
 
@@ -26,7 +27,13 @@ class _Canceller(Protocol):
 
 
 def _config(configs: Mapping[int, SchedulingConfig], uid: int) -> SchedulingConfig:
-    return configs.get(uid) or SchedulingConfig(uid=uid, app_priority=UNKNOWN_UID_PRIORITY)
+    return configs.get(uid) or _unknown(uid)
+
+
+@functools.lru_cache(maxsize=REAL_UNKNOWN_CONFIGS_KEPT)
+def _unknown(uid: int) -> SchedulingConfig:
+    """The config of a uid the driver was given none for (built once: it is pydantic)."""
+    return SchedulingConfig(uid=uid, app_priority=UNKNOWN_UID_PRIORITY)
 
 
 def effective_priority(
