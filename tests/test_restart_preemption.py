@@ -101,3 +101,30 @@ def test_a_job_of_the_same_band_is_never_stopped() -> None:
 def test_restart_preemption_must_be_a_bool() -> None:
     with pytest.raises(IllegalArgumentError, match="restart_preemption must be True or False"):
         OnnxRuntimeDriver(restart_preemption="yes")
+
+
+def test_an_inline_run_stopped_to_make_room_still_times_out_on_time() -> None:
+    # no floor: the stopped job waits for all the urgent work, and times out waiting
+    with OnnxRuntimeDriver(devices=[{"channels": 1, "floor_percent": 0}]) as d:
+        d.set_scheduling_configs(CONFIGS)
+        model = d.load_timed_model()
+        slow, urgent_inputs = d.timed_inputs(model, 200), d.timed_inputs(model, 100)
+        raised: list[BaseException] = []
+
+        def app() -> None:
+            try:
+                d.run_inference(model, uid=10, inputs=slow, timeout=0.3)
+            except TimeoutError as exc:
+                raised.append(exc)
+
+        thread = threading.Thread(target=app)
+        thread.start()
+        started_running(d, 1)
+        urgent = [d.submit_future(model, uid=20, inputs=urgent_inputs) for _ in range(8)]
+        thread.join(timeout=60)
+        assert raised and not urgent[-1].done(), "it timed out while urgent work still ran"
+        d.run_until_idle()
+        assert lifecycle(d.take_events(), 1)[-2:] == [
+            ("ENDED", "PAUSED"),
+            ("ENDED", "CANCELLED_USER"),
+        ]

@@ -13,6 +13,7 @@ STARTED, ENDED) and so are the checks.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -183,14 +184,11 @@ class Submission(Channels):
         work is cancelled and `TimeoutError` raised."""
         work, future.inline = future.inline, None
         if work is None:
-            try:
-                return future.result(timeout=timeout)
-            except TimeoutError:
-                future.cancel()
-                raise
+            return _waited(future, timeout)
         if timeout is None:
             done = self._execute(work)
             return done if done is not None else future.result()
+        deadline = time.monotonic() + timeout
         fired: list[bool] = []
 
         def expire() -> None:
@@ -207,7 +205,18 @@ class Submission(Channels):
             return done
         if fired and future.cancelled():
             raise TimeoutError(f"work {future.work_id} did not end within {timeout} s")
-        return future.result()
+        # stopped to make room (restart preemption): it waits its turn, within the time left
+        return _waited(future, max(0.0, deadline - time.monotonic()))
+
+
+def _waited(future: WorkFuture, timeout: float | None) -> list[np.ndarray]:
+    """The future's outputs; after `timeout` seconds the work is cancelled and
+    `TimeoutError` raised."""
+    try:
+        return future.result(timeout=timeout)
+    except TimeoutError:
+        future.cancel()
+        raise
 
 
 __all__ = ["Submission"]
