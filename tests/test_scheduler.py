@@ -232,3 +232,10 @@ def test_pick_below_takes_the_first_in_pick_order_of_the_bands_above(
     assert (got.id if got else None) == (taken.id if taken else None)
     assert (taken.id if taken else None) == (under[0] if under else None)
     assert some.depth == len(jobs) - (taken is not None)
+
+
+def test_time_passed_in_never_goes_back() -> None:
+    sched: DeviceScheduler[Job] = DeviceScheduler(DeviceSpec(channels=1))
+    sched.enqueue(Job(1, 10, 100), 10)
+    with pytest.raises(AssertionError, match="time went back: 5 after 10"):
+        sched.peek(5)

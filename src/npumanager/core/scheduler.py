@@ -273,6 +273,7 @@ class DeviceScheduler(Generic[J]):
 
     def _fold(self, t: int) -> None:
         """Bring virtual runtimes and floor credits up to `t` (rates are constant since)."""
+        assert t >= self.folded_us, f"time went back: {t} after {self.folded_us}"
         if not self.fair or t == self.folded_us:
             self.folded_us = t
             return

@@ -125,7 +125,7 @@ class RealDriver(Submission):
                     model.session.set_band(band, len(self.specs[model.device].bands))
             self._wake()
             for device in range(len(self.specs)):
-                self._preempt(device, t)
+                self._preempt(device)
 
     # Models -------------------------------------------------------------------------------
 

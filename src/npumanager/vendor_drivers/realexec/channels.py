@@ -189,7 +189,7 @@ class Channels(DriverBase):
                 sched.start(work, channel, t)
                 self._start(work, channel, t)
                 self._wake(device)  # the next job may be for the other class of workers
-                self._preempt(device, t)
+                self._preempt(device)
             self._execute(work)
 
     def _start(self, work: Work, channel: int, t: int) -> None:
@@ -284,7 +284,7 @@ class Channels(DriverBase):
         running = [w.effective_priority for w in self._scheds[device].running if w is not None]
         return not work.effective_priority < min(running, default=work.effective_priority + 1)
 
-    def _preempt(self, device: int, t: int) -> None:
+    def _preempt(self, device: int) -> None:
         """Restart preemption (lock held): when every channel is busy and the next job is of
         a more important band than a running one, stop the least important running job
         (the latest started of those) with the runtime's cancel; `_execute` requeues it. A
@@ -294,7 +294,7 @@ class Channels(DriverBase):
         if not self.restart_preemption or not sched.queued or None in sched.running:
             return
         running = [w for w in sched.running if w is not None]
-        job = self._choice(device, t)[0]
+        job = self._choice(device, self.now_us)[0]  # now: the scheduler never goes back
         if job is None or any(w.stopping for w in running):
             return
         band = self.specs[device].band_of

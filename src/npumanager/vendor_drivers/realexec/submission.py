@@ -145,7 +145,7 @@ class Submission(Channels):
                     channel = self._inline_channel(work)
                 if channel is None:
                     self._wake(device)
-                    self._preempt(device, t)
+                    self._preempt(device)
                     return work.future
                 sched.pick(t, below)
                 sched.start(work, channel, t)
