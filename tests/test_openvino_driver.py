@@ -194,3 +194,12 @@ def test_two_channels_run_two_requests_of_one_model_at_once() -> None:
         ends = [e.time_us for e in events if e.kind == EventKind.ENDED]
         assert [ended(events, w) for w in works] == [EndReason.COMPLETED] * 2
         assert max(starts) < min(ends), "both requests were in the runtime at once"
+
+
+def test_background_workers_keep_the_process_priority_by_default() -> None:
+    # OpenVINO computes on its own threads: a lowered waiting worker only hands the GIL
+    # back late (the onnxruntime driver, which computes on the worker, lowers it).
+    with OpenVinoDriver(device="CPU") as d:
+        assert d.background_nice == 0
+    with OpenVinoDriver(device="CPU", background_nice=4) as d:
+        assert d.background_nice == 4

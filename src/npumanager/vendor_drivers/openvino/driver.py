@@ -3,18 +3,19 @@ on worker threads (`RealDriver`) with async inference requests.
 
 `device` defaults to NPU when `Core().available_devices` has one, else CPU. Models come
 from ONNX (bytes or a `.onnx` path), OpenVINO IR (a `.xml` path with its `.bin`) or an
-`ov.Model`; weight bytes are the model's constants. A model is compiled with one stream
-per channel (`NUM_STREAMS`, and `INFERENCE_NUM_THREADS` per stream times streams), so the
-channels' requests really run side by side; a device that grants fewer streams (the CPU:
-at most its cores) is logged. The computing happens on OpenVINO's stream threads, which
-the driver's `background_nice` does not reach. On an NPU the capacity is what the
-device reports free (`NPU_DEVICE_TOTAL_MEM_SIZE - NPU_DEVICE_ALLOC_MEM_SIZE`), elsewhere
-`capacity_bytes`. A request runs with `start_async` and is waited for with `wait()`, which
-releases the GIL; a Python completion callback is not used (it runs on OpenVINO's thread
-and needs the GIL, and it does not fire on cancel). A running request is stopped with
-`InferRequest.cancel()`, which ends the wait with an error. The uid's band is relayed as
-`MODEL_PRIORITY` (HIGH above the last two bands, MEDIUM next to last, LOW last) and
-`WORKLOAD_TYPE` (EFFICIENT for MEDIUM and LOW): at compile time where the device lists
+`ov.Model`; weight bytes are the model's constants. A model is compiled with one stream per
+channel (`NUM_STREAMS`, and `INFERENCE_NUM_THREADS` per stream times streams), so the
+channels' requests really run side by side; a device that grants fewer streams (the CPU: at
+most its cores) is logged. The computing happens on OpenVINO's stream threads, which a
+lowered worker priority would not reach, so `background_nice` defaults to 0 here. On an NPU
+the capacity is what the device reports free (`NPU_DEVICE_TOTAL_MEM_SIZE -
+NPU_DEVICE_ALLOC_MEM_SIZE`), elsewhere `capacity_bytes`. A request runs with `start_async`
+on the caller's arrays (shared, not copied, as ONNX Runtime reads them) and is waited for
+with `wait()`, which releases the GIL; a Python completion callback is not used (it runs on
+OpenVINO's thread and needs the GIL, and it does not fire on cancel). A running request is
+stopped with `InferRequest.cancel()`, which ends the wait with an error. The uid's band is
+relayed as `MODEL_PRIORITY` (HIGH above the last two bands, MEDIUM next to last, LOW last)
+and `WORKLOAD_TYPE` (EFFICIENT for MEDIUM and LOW): at compile time where the device lists
 the property, afterwards with `set_property`; where the device takes neither (the CPU
 plugin) one log line says so and the driver's own queue does the ordering.
 """
@@ -186,7 +187,9 @@ class OvSession:
         except queue.Empty:
             request = self.compiled.create_infer_request()
         try:
-            request.start_async(feeds)
+            # share_inputs: no copy of the inputs under the GIL (it held it for ms, and a
+            # foreground thread returning from its own wait had to wait for it)
+            request.start_async(feeds, share_inputs=True)
             call.arm(request.cancel)
             request.wait()  # raises if cancelled or failed
             count = len(self.compiled.outputs)
@@ -235,6 +238,7 @@ class OpenVinoDriver(RealDriver):
         capacity_bytes: int | None = None,
         channels: int = REAL_DEFAULT_CHANNELS,
         inference_threads: int = 1,
+        background_nice: int = 0,
         **options: Any,
     ) -> None:
         self.core = ov.Core()
@@ -255,7 +259,9 @@ class OpenVinoDriver(RealDriver):
         self.inference_threads = check_int(
             "inference_threads", inference_threads, 1, MAX_INTRA_OP_THREADS
         )
-        super().__init__(specs, **options)
+        # OpenVINO computes on its own stream threads: a lowered worker would only wait
+        # there, and be slow to hand the GIL back to a foreground thread (measured here).
+        super().__init__(specs, background_nice=background_nice, **options)
 
     def _capacity(self, configured: int | None) -> int:
         if configured is not None:
