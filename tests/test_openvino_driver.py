@@ -203,3 +203,11 @@ def test_background_workers_keep_the_process_priority_by_default() -> None:
         assert d.background_nice == 0
     with OpenVinoDriver(device="CPU", background_nice=4) as d:
         assert d.background_nice == 4
+
+
+def test_streams_are_not_pinned_to_cores() -> None:
+    # every app's model has streams of its own: pinned, two models' first streams share
+    # one core while the other idles
+    with OpenVinoDriver(device="CPU") as d:
+        session: Any = d.model_info(d.load_model(model=chain_model()))
+        assert session.compiled.get_property("ENABLE_CPU_PINNING") is False

@@ -6,18 +6,20 @@ from ONNX (bytes or a `.onnx` path), OpenVINO IR (a `.xml` path with its `.bin`)
 `ov.Model`; weight bytes are the model's constants. A model is compiled with one stream per
 channel (`NUM_STREAMS`, and `INFERENCE_NUM_THREADS` per stream times streams), so the
 channels' requests really run side by side; a device that grants fewer streams (the CPU: at
-most its cores) is logged. The computing happens on OpenVINO's stream threads, which a
-lowered worker priority would not reach, so `background_nice` defaults to 0 here. On an NPU
-the capacity is what the device reports free (`NPU_DEVICE_TOTAL_MEM_SIZE -
-NPU_DEVICE_ALLOC_MEM_SIZE`), elsewhere `capacity_bytes`. A request runs with `start_async`
-on the caller's arrays (shared, not copied, as ONNX Runtime reads them) and is waited for
-with `wait()`, which releases the GIL; a Python completion callback is not used (it runs on
-OpenVINO's thread and needs the GIL, and it does not fire on cancel). A running request is
-stopped with `InferRequest.cancel()`, which ends the wait with an error. The uid's band is
-relayed as `MODEL_PRIORITY` (HIGH above the last two bands, MEDIUM next to last, LOW last)
-and `WORKLOAD_TYPE` (EFFICIENT for MEDIUM and LOW): at compile time where the device lists
-the property, afterwards with `set_property`; where the device takes neither (the CPU
-plugin) one log line says so and the driver's own queue does the ordering.
+most its cores) is logged. Streams are not pinned to cores (`ENABLE_CPU_PINNING` off):
+every app's model has its own, and pinned ones put two apps' requests on one core. The
+computing happens on OpenVINO's stream threads, which a lowered worker priority would not
+reach, so `background_nice` defaults to 0 here. On an NPU the capacity is what the device
+reports free (`NPU_DEVICE_TOTAL_MEM_SIZE - NPU_DEVICE_ALLOC_MEM_SIZE`), elsewhere
+`capacity_bytes`. A request runs with `start_async` on the caller's arrays (shared, not
+copied, as ONNX Runtime reads them) and is waited for with `wait()`, which releases the
+GIL; a Python completion callback is not used (it runs on OpenVINO's thread and needs the
+GIL, and it does not fire on cancel). A running request is stopped with
+`InferRequest.cancel()`, which ends the wait with an error. The uid's band is relayed as
+`MODEL_PRIORITY` (HIGH above the last two bands, MEDIUM next to last, LOW last) and
+`WORKLOAD_TYPE` (EFFICIENT for MEDIUM and LOW): at compile time where the device lists the
+property, afterwards with `set_property`; where the device takes neither (the CPU plugin)
+one log line says so and the driver's own queue does the ordering.
 """
 
 from __future__ import annotations
@@ -133,6 +135,11 @@ class OvSession:
             config["NUM_STREAMS"] = streams
         if "INFERENCE_NUM_THREADS" in self._listed:
             config["INFERENCE_NUM_THREADS"] = threads * (streams if "NUM_STREAMS" in config else 1)
+        if "ENABLE_CPU_PINNING" in self._listed:
+            # Each app's model has streams of its own; pinned, every model's first stream
+            # runs on the same core, so two apps' requests shared one core while the
+            # other idled. Unpinned, the OS spreads them.
+            config["ENABLE_CPU_PINNING"] = False
         config.update({k: v for k, v in props.items() if k in self._listed})
         try:
             self.compiled = core.compile_model(model, device, config)
