@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,7 @@ from npumanager.vendor_drivers.onnxruntime.driver import (
     weight_bytes_of,
 )
 from npumanager.vendor_drivers.realexec.base import ExecutionError
+from npumanager.vendor_drivers.realexec.chain import chain_inputs, chain_model
 
 RNG = np.random.default_rng(5)
 W = RNG.standard_normal((4, 8)).astype(np.float32)  # 128 bytes
@@ -402,3 +405,25 @@ def test_run_inference_on_the_calling_thread_times_out_and_is_cancelled() -> Non
             d.run_inference(model, uid=1, inputs=d.timed_inputs(model, 2_000), timeout=0.02)
         d.run_until_idle()
         assert ended(d.take_events(), 1) == EndReason.CANCELLED_USER
+
+
+def test_a_futures_callbacks_run_without_the_drivers_lock() -> None:
+    """A daemon writes a client's outputs from the done callback: the other channels, and
+    submissions, must not wait for it."""
+    with driver() as ort_driver:
+        model = ort_driver.load_model(model=chain_model())
+        others_went_on: list[bool] = []
+
+        def callback(_: Any) -> None:
+            reader = threading.Thread(target=ort_driver.device_state, args=(0,))
+            reader.start()
+            reader.join(timeout=10)  # blocks until this callback returns if the lock is held
+            others_went_on.append(not reader.is_alive())
+
+        future = ort_driver.submit_future(model, uid=10001, inputs=chain_inputs(4))
+        future.add_done_callback(callback)
+        future.result(timeout=30)
+        deadline = time.monotonic() + 30
+        while not others_went_on and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert others_went_on == [True]

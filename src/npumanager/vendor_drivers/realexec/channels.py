@@ -211,6 +211,7 @@ class Channels(DriverBase):
             outputs = session.run(work.feeds, work.call)
         except Exception as exc:  # the runtime's failure or its stop
             error = exc
+        ended: EndReason | None = None
         with self._lock:
             self._busy -= 1
             self._background_busy[work.device] -= work.call.background
@@ -225,15 +226,18 @@ class Channels(DriverBase):
                 self._scheds[work.device].stop(work, t, requeue=False)
                 del self._work[work.id]
                 work.feeds = None
+                ended = EndReason.COMPLETED if outputs is not None else EndReason.FAILED
+                self._event(EventKind.ENDED, ended, work, t)
                 if outputs is not None:
-                    self._event(EventKind.ENDED, EndReason.COMPLETED, work, t)
                     self._keep(work, outputs)
-                    self._wake(work.device)
-                    return outputs
-                self._event(EventKind.ENDED, EndReason.FAILED, work, t)
-                work.future.fail(ExecutionError(f"the runtime failed: {error}"))
             self._wake(work.device)
-            return None
+        # The future's callbacks (a daemon writing outputs to its client) run without the lock.
+        if ended is EndReason.COMPLETED and outputs is not None:
+            work.future.succeed(outputs)
+            return outputs
+        if ended is EndReason.FAILED:
+            work.future.fail(ExecutionError(f"the runtime failed: {error}"))
+        return None
 
     def _wake(self, device: int | None = None) -> None:
         """Wake the workers of the next job's class on a device (or all) when work waits,
@@ -312,11 +316,12 @@ class Channels(DriverBase):
             victim.call.cancel()
 
     def _keep(self, work: Work, outputs: list[np.ndarray]) -> None:
+        """Keep the outputs for `result(work_id)` when the work was submitted to keep them
+        (lock held)."""
         if work.future.keep:
             self._results[work.id] = outputs
             while len(self._results) > REAL_MAX_RESULTS:
                 self._results.popitem(last=False)
-        work.future.succeed(outputs)
 
     # Events and time ----------------------------------------------------------------------
 
