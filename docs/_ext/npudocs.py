@@ -182,7 +182,10 @@ def _attribute_docs(module: str) -> dict[str, str]:
         analyzer = ModuleAnalyzer.for_module(module)
     except Exception:
         return {}
-    return {name: "\n".join(lines).strip() for (_, name), lines in analyzer.find_attr_docs().items()}
+    return {
+        f"{owner}.{name}" if owner else name: " ".join(lines).strip()
+        for (owner, name), lines in analyzer.find_attr_docs().items()
+    }
 
 
 def docstring(name: str) -> str:
@@ -248,7 +251,14 @@ def _api_rst(section: str) -> list[str]:
 class _Generated(SphinxDirective):
     """Renders generated lines in the page's own markup."""
 
+    sources: ClassVar[tuple[str, ...]] = ()
+    """Modules the output is read from: a change to one rebuilds the page."""
+
     def render(self, lines: list[str]) -> list[nodes.Node]:
+        import importlib
+
+        for name in (__name__, *self.sources):
+            self.env.note_dependency(inspect.getfile(importlib.import_module(name)))
         container = nodes.section() if self.has_title() else nodes.container()
         self.state.nested_parse(StringList(lines, source=self.get_source_info()[0]), 0, container)
         return list(container.children)
@@ -272,7 +282,6 @@ class ApiDirective(_Generated):
         for name in (*SECTIONS.get(section, ()), *(constants() if section == "constants" else ())):
             if not docstring(name):
                 LOG.warning("npumanager.%s has no docstring", name)
-        self.env.note_dependency(inspect.getfile(inspect.getmodule(ApiDirective) or os))
         return self.render(_api_rst(section))
 
 
@@ -301,6 +310,8 @@ def transition_rows() -> list[list[str]]:
 
 class TransitionsDirective(_Generated):
     """``npu-transitions``: the arbiter's table of request states and steps."""
+
+    sources = ("npumanager.core.states", "npumanager.core.actions")
 
     def run(self) -> list[nodes.Node]:
         from npumanager.core.actions import RequestState
@@ -332,6 +343,9 @@ def protocol_messages() -> dict[str, list[type[Any]]]:
     }
 
 
+_POWERS = {(1 << n) - 1: f"2^{n}-1" for n in (31, 32, 63, 64)} | {-(1 << 31): "-2^31"}
+
+
 def _schema_type(prop: dict[str, Any], defs: dict[str, Any]) -> str:
     if "$ref" in prop:
         return f"`{prop['$ref'].rsplit('/', 1)[-1]}`"
@@ -340,6 +354,12 @@ def _schema_type(prop: dict[str, Any], defs: dict[str, Any]) -> str:
     if "const" in prop:
         return f'`"{prop["const"]}"`'
     kind = prop.get("type", "any")
+    if "enum" in prop:
+        return f"{kind}, one of {', '.join(_json(v) for v in prop['enum'])}"
+    low, high = prop.get("minimum"), prop.get("maximum")
+    if kind == "integer" and high in _POWERS:
+        span = f"{_POWERS[low]}" if low in _POWERS else str(low)
+        return f"integer, {span} .. {_POWERS[high]}"
     bounds = [
         f"{word} {prop[key]}"
         for key, word in (
@@ -362,7 +382,9 @@ def message_rows(model: type[Any]) -> list[list[str]]:
     defs = schema.get("$defs", {})
     rows = []
     for name, prop in schema["properties"].items():
-        if name in required:
+        if name == "op":
+            need = "the message's tag"
+        elif name in required:
             need = "required"
         elif "default" in prop:
             need = f"default `{_json(prop['default'])}`"
@@ -380,6 +402,8 @@ def _json(value: Any) -> str:
 
 class ProtocolDirective(_Generated):
     """``npu-protocol``: every message of the wire protocol, from its JSON Schema."""
+
+    sources = ("npumanager.daemon.protocol", "npumanager.schemas.limits")
 
     def has_title(self) -> bool:
         return True
@@ -427,6 +451,8 @@ class ProtocolDirective(_Generated):
 class VtsRulesDirective(_Generated):
     """``npu-vts-rules``: the conformance suite's rules, their tests and capabilities."""
 
+    sources = ("npumanager.testing.rules",)
+
     def run(self) -> list[nodes.Node]:
         from npumanager.testing.rules import RULES
 
@@ -461,6 +487,8 @@ def cli_help() -> Iterator[tuple[str, str]]:
 
 class CliDirective(_Generated):
     """``npu-cli``: the help of every command."""
+
+    sources = ("npumanager.cli",)
 
     def has_title(self) -> bool:
         return True
