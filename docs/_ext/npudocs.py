@@ -11,6 +11,7 @@ Directives (each renders generated Markdown or reStructuredText into the page th
 - ``npu-vts-rules``: the conformance suite's rule table, from `testing.rules.RULES`.
 - ``npu-cli``: ``npu-manager --help`` and every command's ``--help``, from the CLI's parser.
 - ``npu-output``: the output of one ``npu-manager`` command line, run at build time.
+- ``npu-plugins KIND``: the built-in plugins of a kind (a policy's parameters with them).
 
 The test suite imports this module too (`tests/test_docs_site.py`).
 """
@@ -535,6 +536,49 @@ class OutputDirective(_Generated):
         return [caption, block]
 
 
+def builtin_plugins(kind: str) -> list[Any]:
+    """The records npu-manager itself registers of one kind (third parties' are left out)."""
+    from npumanager import load_plugins
+    from npumanager.schemas import PluginKind
+
+    registry = load_plugins()
+    return [
+        reg.record for reg in registry.registrations(PluginKind(kind)) if reg.source.builtin
+    ]
+
+
+def params_rows(model: type[Any]) -> list[list[str]]:
+    """One row per parameter of a policy's params model: name, what it is (with default)."""
+    return [
+        [f"`{name}`", field.description or ""] for name, field in model.model_fields.items()
+    ]
+
+
+class PluginsDirective(_Generated):
+    """``npu-plugins KIND``: the built-in drivers, policies, sinks or health sources."""
+
+    required_arguments = 1
+    sources = ("npumanager.plugins.policies.registration", "npumanager.plugins.sinks")
+
+    def run(self) -> list[nodes.Node]:
+        records = builtin_plugins(self.arguments[0])
+        if self.arguments[0] == "driver":
+            rows = [
+                [f"`{r.name}`", ", ".join(sorted(r.capabilities)), r.description]
+                for r in records
+            ]
+            return self.render(_md_table(["driver", "capabilities", ""], rows))
+        lines = _md_table(
+            ["name", "what it does"], [[f"`{r.name}`", r.description] for r in records]
+        )
+        for record in records:
+            model = getattr(record, "params_model", None)
+            if model is not None:
+                lines += [f"Parameters of `{record.name}`:", ""]
+                lines += _md_table(["parameter", "meaning"], params_rows(model))
+        return self.render(lines)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     """Register the directives."""
     app.add_directive("npu-api", ApiDirective)
@@ -543,4 +587,5 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("npu-vts-rules", VtsRulesDirective)
     app.add_directive("npu-cli", CliDirective)
     app.add_directive("npu-output", OutputDirective)
+    app.add_directive("npu-plugins", PluginsDirective)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
