@@ -35,10 +35,9 @@ myst_heading_anchors = 3
 default_role = "code"
 
 autodoc_member_order = "bysource"
-autodoc_typehints = "description"
+autodoc_typehints = "signature"
 autodoc_typehints_format = "short"
 autodoc_class_signature = "separated"
-autodoc_default_options = {"show-inheritance": False}
 
 html_theme = "furo"
 html_title = "npu-manager"

@@ -242,11 +242,73 @@ def _api_rst(section: str) -> list[str]:
             lines += [f".. autofunction:: npumanager.{name}", ""]
         elif isinstance(obj, type) and issubclass(obj, BaseException):
             lines += [f".. autoexception:: npumanager.{name}", "   :show-inheritance:", ""]
+        elif isinstance(obj, type) and hasattr(obj, "model_fields"):
+            lines += [
+                f".. autoclass:: npumanager.{name}",
+                "   :members:",
+                f"   :exclude-members: {', '.join(PYDANTIC_NOISE)}",
+                "",
+                *_fields_table(obj),
+            ]
         else:
-            lines += [f".. autoclass:: npumanager.{name}", "   :members:", ""]
+            lines += [f".. autoclass:: npumanager.{name}", "   :members:"]
+            if name in INHERITED:
+                lines += ["   :inherited-members:"]
             if isinstance(obj, type) and issubclass(obj, enum.Enum):
-                lines += ["   :undoc-members:", ""]
+                lines += ["   :undoc-members:"]
+            lines += [""]
     return lines
+
+
+PYDANTIC_NOISE = ("model_config", "model_fields", "model_computed_fields", "Builder")
+"""Pydantic's own class attributes, which every model has and the fields table replaces."""
+
+INHERITED = frozenset({"Lease", "AsyncLease"})
+"""Classes whose public members live on a private base."""
+
+
+def field_rows(model: type[Any]) -> list[list[str]]:
+    """A model's fields: Python name, wire name, JSON type, default (or 'required')."""
+    try:
+        props = model.model_json_schema(by_alias=True).get("properties", {})
+    except Exception:  # a field JSON cannot carry (a plugin record's factory)
+        props = {}
+    rows = []
+    for name, field in model.model_fields.items():
+        wire = field.alias or name
+        prop = props.get(wire)
+        if field.is_required():
+            default = "required"
+        elif field.default_factory is not None:
+            default = "a fresh one"
+        else:
+            default = f"`{field.default!r}`"
+        kind = _schema_type(prop, {}) if prop is not None else _python_type(field.annotation)
+        rows.append([f"`{name}`", f"`{wire}`", kind, default])
+    return rows
+
+
+def _python_type(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) or repr(annotation)
+    return f"`{text.replace('typing.', '').replace('collections.abc.', '')}` (Python)"
+
+
+def _fields_table(model: type[Any]) -> list[str]:
+    rows = field_rows(model)
+    if not rows:
+        return []
+    lines = [
+        "   .. list-table:: Fields",
+        "      :header-rows: 1",
+        "",
+        "      * - field",
+        "        - on the wire",
+        "        - type",
+        "        - default",
+    ]
+    for row in rows:
+        lines += [f"      * - {row[0]}", *(f"        - {cell}" for cell in row[1:])]
+    return [*lines, ""]
 
 
 class _Generated(SphinxDirective):
