@@ -216,7 +216,13 @@ def test_the_block_runs(where: str, chain: list[Block], tmp_path: Path) -> None:
         else:
             command = ["bash", "-euo", "pipefail", "-c", first.body]
         done = subprocess.run(
-            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+            command,
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
         )
     finally:
         if daemon is not None:
@@ -228,8 +234,8 @@ def _command_lines(body: str) -> list[list[str]]:
     """Every `npu-manager ...` command of an sh block, without redirections and comments."""
     joined = body.replace("\\\n", " ")
     commands = []
-    for line in joined.splitlines():
-        line = re.sub(r"(^|\s)#.*$", "", line)
+    for raw in joined.splitlines():
+        line = re.sub(r"(^|\s)#.*$", "", raw)
         for part in re.split(r"&&|\|\||;|\|", line):
             words = shlex.split(part)
             if ">" in words:
@@ -278,29 +284,30 @@ def test_the_toml_block_is_valid(block: Block, tmp_path: Path) -> None:
 # The API reference -----------------------------------------------------------------------
 
 
-def _npudocs() -> ModuleType:
+def _docsdata() -> ModuleType:
+    """The data the site is generated from (`docs/_ext/docsdata.py`; no Sphinx needed)."""
     sys.path.insert(0, str(DOCS / "_ext"))
     try:
-        import npudocs
+        import docsdata
     finally:
         sys.path.remove(str(DOCS / "_ext"))
-    return npudocs
+    return docsdata
 
 
 def test_every_public_name_has_a_reference_entry_and_a_docstring() -> None:
-    npudocs = _npudocs()
-    assert npudocs.unplaced() == []
-    listed = [name for names in npudocs.SECTIONS.values() for name in names]
+    docsdata = _docsdata()
+    assert docsdata.unplaced() == []
+    listed = [name for names in docsdata.SECTIONS.values() for name in names]
     assert len(listed) == len(set(listed)), "a name in two sections"
     api = (DOCS / "reference" / "api.rst").read_text()
-    for section in [*npudocs.SECTIONS, "constants"]:
+    for section in [*docsdata.SECTIONS, "constants"]:
         assert f".. npu-api:: {section}\n" in api, f"section {section} is not on the page"
-    undocumented = [name for name in npudocs.public_api() if not npudocs.docstring(name)]
+    undocumented = [name for name in docsdata.public_api() if not docsdata.docstring(name)]
     assert undocumented == []
 
 
 def test_the_testing_package_is_in_the_reference_with_docstrings() -> None:
-    import npumanager.testing as testing
+    from npumanager import testing
 
     page = (DOCS / "reference" / "testing.rst").read_text()
     for name in testing.__all__:
@@ -311,7 +318,10 @@ def test_the_testing_package_is_in_the_reference_with_docstrings() -> None:
 def test_every_hook_spec_is_documented() -> None:
     from npumanager.core import hookspecs
 
-    assert ".. automodule:: npumanager.core.hookspecs" in (DOCS / "reference" / "hooks.rst").read_text()
+    assert (
+        ".. automodule:: npumanager.core.hookspecs"
+        in (DOCS / "reference" / "hooks.rst").read_text()
+    )
     hooks = [name for name in dir(hookspecs) if name.startswith("npumanager_")]
     assert hooks
     assert [name for name in hooks if not inspect.getdoc(getattr(hookspecs, name))] == []
@@ -321,13 +331,15 @@ def test_the_generated_tables_follow_the_code() -> None:
     from npumanager.core.states import TRANSITIONS
     from npumanager.daemon import protocol
 
-    npudocs = _npudocs()
-    assert [row[0] for row in npudocs.transition_rows()] == [f"`{s.value}`" for s in TRANSITIONS]
-    messages = [m for models in npudocs.protocol_messages().values() for m in models]
+    docsdata = _docsdata()
+    assert [row[0] for row in docsdata.transition_rows()] == [f"`{s.value}`" for s in TRANSITIONS]
+    messages = [m for models in docsdata.protocol_messages().values() for m in models]
     wire = {
         cls
         for cls in vars(protocol).values()
-        if isinstance(cls, type) and issubclass(cls, protocol.WireModel) and "op" in cls.model_fields
+        if isinstance(cls, type)
+        and issubclass(cls, protocol.WireModel)
+        and "op" in cls.model_fields
     }
     assert set(messages) == wire
-    assert "op" in [row[0].strip("`") for row in npudocs.message_rows(protocol.Hello)]
+    assert "op" in [row[0].strip("`") for row in docsdata.message_rows(protocol.Hello)]
