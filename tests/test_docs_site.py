@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 BIN = Path(sys.executable).parent
-RUN_TIMEOUT_S = 600
+RUN_TIMEOUT_S = 180
 """A generous bound on one block's run, so a hung example fails instead of hanging CI."""
 
 MARKER = re.compile(r"^\s*<!--\s*(?P<text>.*?)\s*-->\s*$")
