@@ -37,7 +37,6 @@ default_role = "code"
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_typehints_format = "short"
-autodoc_class_signature = "separated"
 
 html_theme = "furo"
 html_title = "npu-manager"
