@@ -346,3 +346,26 @@ def test_the_generated_tables_follow_the_code() -> None:
     }
     assert set(messages) == wire
     assert "op" in [row[0].strip("`") for row in docsdata.message_rows(protocol.Hello)]
+
+
+def test_the_limits_table_gives_the_limits_the_code_has() -> None:
+    from npumanager.schemas import limits as lim
+
+    guide = (DOCS / "guides" / "integrators.md").read_text(encoding="utf-8")
+    section = " ".join(guide.split("## Limits and quotas", 1)[1].split("\n## ", 1)[0].split())
+    expected = [
+        f"| {lim.DEFAULT_MAX_CONNECTIONS_PER_UID} | `--max-connections-per-uid N` |",
+        f"| {lim.DEFAULT_MAX_REQUESTS_PER_UID} | `--max-requests-per-uid N` |",
+        f"| {lim.DEFAULT_MAX_MODELS_PER_UID} | `--max-models-per-uid N` |",
+        f"| {lim.DEFAULT_MAX_BUFFERED_BYTES >> 20} MiB | `--max-buffered-mib MIB` |",
+        f"{lim.MANAGEMENT_RESERVE_FDS} kept for management",
+        f"within {lim.HELLO_TIMEOUT_S:g} s",
+        f"at {lim.OUTBOX_PAUSE_BYTES >> 10} KiB",
+        f"at {lim.MAX_OUTBOX_BYTES >> 20} MiB of undelivered callbacks",
+        f"{lim.FRAMES_PER_TURN} frames or {lim.TURN_SLICE_S * 1e6:g} us a turn",
+        f"| frame | {lim.MAX_FRAME_BYTES >> 20} MiB |",
+        f"at most {lim.SHUTDOWN_FLUSH_S:g} s",
+        f"default {lim.DEFAULT_INFO_LIMIT}, at most {lim.MAX_INFO_LIMIT}",
+        f"at most {lim.INFO_SNAPSHOT_TTL_S:g} s old",
+    ]
+    assert [text for text in expected if text not in section] == []
