@@ -390,3 +390,15 @@ def builtin_plugins(kind: str) -> list[Any]:
 def params_rows(model: type[Any]) -> list[list[str]]:
     """One row per parameter of a policy's params model: name, what it is (with default)."""
     return [[f"`{name}`", field.description or ""] for name, field in model.model_fields.items()]
+
+
+def importance_rows() -> list[list[str]]:
+    """Each importance, the uid priority it gives, and its band on the default device."""
+    from npumanager import DeviceSpec, Importance
+
+    bands = DeviceSpec().bands
+    rows = []
+    for importance in Importance:
+        band = [b for b in bands if b.first_priority <= importance.value][-1]
+        rows.append([f"`{importance.name}`", str(importance.value), f"`{band.name}`"])
+    return rows

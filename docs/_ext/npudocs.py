@@ -12,6 +12,7 @@ Directives (each renders generated Markdown or reStructuredText into the page th
 - ``npu-cli``: ``npu-manager --help`` and every command's ``--help``, from the CLI's parser.
 - ``npu-output``: the output of one ``npu-manager`` command line, run at build time.
 - ``npu-plugins KIND``: the built-in plugins of a kind (a policy's parameters with them).
+- ``npu-importance``: each importance, the uid priority it gives and its default band.
 
 What they read from the code is in `docsdata`, which the tests import without Sphinx.
 """
@@ -37,6 +38,7 @@ from docsdata import (
     constants,
     docstring,
     field_rows,
+    importance_rows,
     message_rows,
     params_rows,
     protocol_messages,
@@ -300,6 +302,17 @@ class PluginsDirective(_Generated):
         return self.render(lines)
 
 
+class ImportanceDirective(_Generated):
+    """``npu-importance``: each importance, its uid priority and its band."""
+
+    sources = ("npumanager.schemas.enums", "npumanager.schemas.device")
+
+    def run(self) -> list[nodes.Node]:
+        return self.render(
+            _md_table(["importance", "uid priority", "band (default device)"], importance_rows())
+        )
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     """Register the directives."""
     app.add_directive("npu-api", ApiDirective)
@@ -309,4 +322,5 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("npu-cli", CliDirective)
     app.add_directive("npu-output", OutputDirective)
     app.add_directive("npu-plugins", PluginsDirective)
+    app.add_directive("npu-importance", ImportanceDirective)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
