@@ -369,3 +369,9 @@ def test_the_limits_table_gives_the_limits_the_code_has() -> None:
         f"at most {lim.INFO_SNAPSHOT_TTL_S:g} s old",
     ]
     assert [text for text in expected if text not in section] == []
+
+
+def test_the_readme_links_into_the_site() -> None:
+    text = README.read_text(encoding="utf-8")
+    links = re.findall(r"\]\(((?:docs/|CONTRIBUTING)[^)#]*)", text)
+    assert [link for link in links if not (ROOT / link).is_file()] == []
