@@ -10,18 +10,23 @@ background uid, alternately small (granted) and large (refused), cancelled after
 N stays put. The incremental `budget` policy and the naive, rescan-everything one run in
 the same process on the same states.
 
-    python benchmarks/admission.py --json
+Targets (issue 4): the budget policy's p99 at most 50 us with 10,000 tracked requests, and
+at most 3x growth of that p99 from 1,000 to 100,000 (`budget_p99_growth`).
+
+    python benchmarks/admission.py [--json] [--quick] [--samples N] [--repeat R] [--sizes ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
+
+from _report import Progress, Target, print_report  # beside this script
 
 from npumanager.core.actions import Action, CanLoad, RequestKey
 from npumanager.core.arbiter import Arbiter
@@ -30,6 +35,13 @@ from npumanager.plugins.policies.budget import BudgetPolicy, NaiveBudgetPolicy
 from npumanager.schemas import Importance, ModelLoadRequest, ModelSize
 
 SIZES = (10, 1_000, 10_000, 100_000)
+QUICK_SIZES = (1_000, 10_000)
+"""`--quick`: the sizes the p99 target is set at, with few probes (noisy figures)."""
+TARGET_TRACKED, GROWTH_FROM, GROWTH_TO = 10_000, 1_000, 100_000
+TARGETS = [
+    Target(f"budget.p99_us.{TARGET_TRACKED}", "<=", 50, why="issue 4"),
+    Target("budget_p99_growth", "<=", 3, why="issue 4: p99 at 100,000 over p99 at 1,000"),
+]
 FOREGROUND_UID = 10_000
 BACKGROUND_UID = 20_000
 REQUESTS_PER_UID = 10
@@ -167,16 +179,22 @@ def percentile(values: Sequence[float], fraction: float) -> float:
 
 def run(
     sizes: Sequence[int] = SIZES, samples: int = 2000, repeat: int = 3, through_service: bool = True
-) -> dict[str, dict[str, dict[str, float]]]:
+) -> dict[str, Any]:
     """Medians over `repeat` runs of p50 and p99 per policy and tracked-request count.
 
-    `service_budget` is the budget policy measured through the service's client API.
+    `service_budget` is the budget policy measured through the service's client API;
+    `budget_p99_growth` is p99 at 100,000 over p99 at 1,000, when both were measured.
     """
-    result: dict[str, dict[str, dict[str, float]]] = {}
+    names = [*POLICIES, *(["service_budget"] if through_service else [])]
+    progress = Progress(
+        "admission latency", [1 + tracked / 2_000 for _ in names for tracked in sizes]
+    )
+    result: dict[str, Any] = {}
     for name, policy in POLICIES.items():
         p50: dict[str, float] = {}
         p99: dict[str, float] = {}
         for tracked in sizes:
+            progress.step(f"{name}, {tracked:,} tracked requests")
             count = samples if name == "budget" else max(20, samples * 100 // max(tracked, 100))
             runs = [measure(tracked, policy, count) for _ in range(repeat)]
             p50[str(tracked)] = round(statistics.median(percentile(r, 0.50) for r in runs), 2)
@@ -185,15 +203,22 @@ def run(
     if through_service:
         p50, p99 = {}, {}
         for tracked in sizes:
+            progress.step(f"service_budget, {tracked:,} tracked requests")
             runs = [measure_service(tracked, samples) for _ in range(repeat)]
             p50[str(tracked)] = round(statistics.median(percentile(r, 0.50) for r in runs), 2)
             p99[str(tracked)] = round(statistics.median(percentile(r, 0.99) for r in runs), 2)
         result["service_budget"] = {"p50_us": p50, "p99_us": p99}
+    progress.done()
+    budget_p99 = result["budget"]["p99_us"]
+    if str(GROWTH_FROM) in budget_p99 and str(GROWTH_TO) in budget_p99:
+        result["budget_p99_growth"] = round(
+            budget_p99[str(GROWTH_TO)] / budget_p99[str(GROWTH_FROM)], 2
+        )
     return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print the figures, as JSON with `--json`, else as a table."""
+    """Print the figures beside their targets, as JSON with `--json`, else as a table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--samples", type=int, default=2000, help="probes per run (budget)")
@@ -202,17 +227,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-service", action="store_true", help="skip the through-the-service figures"
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"sizes {', '.join(map(str, QUICK_SIZES))}, 200 probes, one run (seconds; noisy)",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.samples, args.repeat = list(QUICK_SIZES), 200, 1
     result = run(args.sizes, args.samples, args.repeat, not args.no_service)
-    if args.json:
-        print(json.dumps(result))
-        return 0
-    for name, figures in result.items():
-        for tracked in map(str, args.sizes):
-            print(
-                f"{name:7} {tracked:>7} tracked: p50 {figures['p50_us'][tracked]:>10.1f} us"
-                f"  p99 {figures['p99_us'][tracked]:>10.1f} us"
-            )
+    print_report(result, TARGETS, as_json=args.json)
     return 0
 
 

@@ -6,16 +6,19 @@ each run under `scheduler="fair"` and `scheduler="strict"` in the same process o
 vnpu engine (virtual clock, so the figures are exact and the machine's load does not
 matter). Closed-loop clients resubmit at the very microsecond a job of theirs completes.
 
-Usage: python benchmarks/fairness.py [--json] [--seconds S]
+Targets (issue 14) are the fair scheduler's; the strict runs are the baseline beside them.
+
+Usage: python benchmarks/fairness.py [--json] [--quick] [--seconds S]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+from _report import Progress, Target, print_report  # beside this script
 
 from npumanager.core.events import EventKind, WorkEvent
 from npumanager.schemas import EndReason, SchedulingConfig
@@ -159,8 +162,6 @@ def deep_queues(scheduler: Scheduler, seconds: float) -> dict[str, Any]:
         "share_a_percent": share(run, a.uid),
         "share_b_percent": share(run, b.uid),
         "longest_wait_ms": max(run.waits.values()) / MS,
-        "target": "each within 45..55 %",
-        "met": 45 <= share(run, a.uid) <= 55 and 45 <= share(run, b.uid) <= 55,
     }
 
 
@@ -179,8 +180,6 @@ def interactive(heavy: Client, scheduler: Scheduler, seconds: float) -> dict[str
         "solo_p99_ms": p99(solo.latencies[INTERACTIVE.uid]) / MS,
         "heavy_share_percent": share(run, heavy.uid),
         "longest_wait_ms": max(run.waits.values()) / MS,
-        "target": "fps >= 90 % of solo, p99 < 10 ms",
-        "met": got_fps >= 0.9 * solo_fps and tail < 10,
     }
 
 
@@ -193,8 +192,6 @@ def background_floor(scheduler: Scheduler, seconds: float) -> dict[str, Any]:
         "background_share_percent": share(run, bg.uid),
         "foreground_share_percent": share(run, fg.uid),
         "longest_wait_ms": max(run.waits.values()) / MS,
-        "target": "background >= 5 %",
-        "met": share(run, bg.uid) >= 5,
     }
 
 
@@ -215,8 +212,6 @@ def camera_vs_flood(scheduler: Scheduler, seconds: float) -> dict[str, Any]:
         "p99_overhead_percent": overhead,
         "flood_share_percent": share(run, flood.uid),
         "longest_wait_ms": max(run.waits.values()) / MS,
-        "target": "p99 overhead <= 5 %",
-        "met": overhead <= 5,
     }
 
 
@@ -233,24 +228,50 @@ WORKLOADS = {
 }
 
 
+QUICK_SECONDS = 1.0
+"""`--quick`: device time per run (exact figures still; shorter runs, fewer frames)."""
+INTERACTIVE_WORKLOADS = ("interactive_vs_75pct_busy", "interactive_vs_4x50ms_queued")
+
+
+def targets() -> list[Target]:
+    """Issue 14's targets, on the fair scheduler's figures."""
+    fair = f"workloads.{{}}.{Scheduler.FAIR}.{{}}"
+    found = [
+        Target(fair.format("deep_queues", f"share_{x}_percent"), "within", 45, 55, "issue 14")
+        for x in ("a", "b")
+    ]
+    for name in INTERACTIVE_WORKLOADS:
+        found.append(Target(fair.format(name, "fps_of_solo_percent"), ">=", 90, why="issue 14"))
+        found.append(Target(fair.format(name, "p99_ms"), "<", 10, why="issue 14"))
+    found.append(
+        Target(fair.format("background_floor", "background_share_percent"), ">=", 5, why="issue 14")
+    )
+    found.append(
+        Target(fair.format("camera_vs_flood", "p99_overhead_percent"), "<=", 5, why="issue 14")
+    )
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--seconds", type=float, default=10.0, help="device time per run")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"{QUICK_SECONDS:g} s of device time per run"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.seconds = QUICK_SECONDS
+    schedulers = (Scheduler.FAIR, Scheduler.STRICT)
+    progress = Progress("device sharing, virtual time", len(WORKLOADS) * len(schedulers))
     result: dict[str, Any] = {"seconds": args.seconds, "channels": 1, "workloads": {}}
     for name, workload in WORKLOADS.items():
-        result["workloads"][name] = {
-            str(s): workload(s, args.seconds) for s in (Scheduler.FAIR, Scheduler.STRICT)
-        }
-    if args.json:
-        print(json.dumps(result))
-        return
-    for name, by_scheduler in result["workloads"].items():
-        for scheduler, figures in by_scheduler.items():
-            shown = {k: v for k, v in figures.items() if k not in ("target", "met")}
-            verdict = "met" if figures["met"] else "MISSED"
-            print(f"{name:30} {scheduler:7} {shown}  target: {figures['target']} ({verdict})")
+        result["workloads"][name] = {}
+        for scheduler in schedulers:
+            progress.step(f"{name}, {scheduler} scheduler")
+            result["workloads"][name][str(scheduler)] = workload(scheduler, args.seconds)
+    progress.done()
+    print_report(result, targets(), as_json=args.json)
 
 
 if __name__ == "__main__":

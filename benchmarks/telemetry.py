@@ -12,13 +12,15 @@
 Both run in virtual time on one thread, so they are timed in CPU seconds of this process
 (`time.process_time`): on a shared machine, wall time mostly measures the neighbours.
 
-Usage: python benchmarks/telemetry.py [--json] [--items N] [--repeats R]
+Targets (issue 7): at least 1 million events a second into the sink, raw and with the
+50 ms window, and the demo with every sink on at most 10 % slower than with none.
+
+Usage: python benchmarks/telemetry.py [--json] [--quick] [--items N] [--repeats R]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -26,6 +28,8 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from _report import Progress, Target, print_report  # beside this script
 
 from npumanager.core.events import WorkEvent
 from npumanager.core.plugins import PluginRegistry, load_plugins
@@ -39,6 +43,16 @@ COST_CYCLES = 3_000
 """3 us at 1000 MHz; four generators, one arrival a microsecond: the channels stay busy."""
 STEP_US = 20_000
 QUEUE = 1 << 20
+QUICK_ITEMS = 20_000
+"""`--quick`: jobs in the bulk workload, one repeat (seconds; noisy figures)."""
+TARGETS = [
+    Target("raw_events_per_s", ">=", 1_000_000, why="issue 7"),
+    Target("debounced_50ms_events_per_s", ">=", 1_000_000, why="issue 7"),
+    Target("demo_ratio", "<=", 1.10, why="issue 7: all sinks against none"),
+]
+ITEM_COST_S = 3.5e-6
+DEMO_COST_S = 0.25
+"""Rough CPU seconds of one bulk job and of one demo pair: the progress estimate's weights."""
 
 
 class CountingSink:
@@ -122,17 +136,30 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--items", type=int, default=500_000, help="jobs in the bulk workload")
     parser.add_argument("--repeats", type=int, default=5, help="runs per figure; medians")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"{QUICK_ITEMS:,} jobs, one repeat (seconds; noisy)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.items, args.repeats = QUICK_ITEMS, 1
 
-    raw = [throughput(args.items, 0) for _ in range(args.repeats)]
-    debounced = [throughput(args.items, 50) for _ in range(args.repeats)]
     configs: dict[str, tuple[str, ...]] = {"none": (), **{n: (n,) for n in SINKS}, "all": SINKS}
+    bulk = [args.items * ITEM_COST_S] * (2 * args.repeats)
+    progress = Progress("telemetry cost", bulk + [DEMO_COST_S] * (1 + args.repeats * len(configs)))
+    raw, debounced = [], []
+    for window, runs in ((0, raw), (50, debounced)):
+        for index in range(args.repeats):
+            progress.step(f"{args.items:,} jobs into a sink, {window} ms window, run {index + 1}")
+            runs.append(throughput(args.items, window))
     times: dict[str, list[float]] = {name: [] for name in configs}
     with tempfile.TemporaryDirectory() as tmp:
+        progress.step("the demo, warming up")
         demo_once(SINKS, Path(tmp), 0)  # warm up: imports, caches
         for run in range(args.repeats):
             for name, names in configs.items():
+                progress.step(f"the demo with sinks: {name}, run {run + 1}")
                 times[name].append(demo_once(names, Path(tmp), run))
+    progress.done()
     medians = {name: statistics.median(values) for name, values in times.items()}
     bare_s, full_s = medians["none"], medians["all"]
     result = {
@@ -149,11 +176,7 @@ def main() -> None:
         "items": args.items,
         "repeats": args.repeats,
     }
-    if args.json:
-        print(json.dumps(result))
-        return
-    for key, value in result.items():
-        print(f"{key:30} {value}")
+    print_report(result, TARGETS, as_json=args.json)
 
 
 if __name__ == "__main__":

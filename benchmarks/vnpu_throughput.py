@@ -14,17 +14,23 @@ A real-time run measures the preemption reaction: a more important job arrives w
 less important one holds the only channel; the time until it starts (the other paused at
 its slice boundary) is read from the events' device timestamps.
 
-Usage: python benchmarks/vnpu_throughput.py [--json] [--items N] [--repeats R]
+Targets: issue 3's (bulk at least 5 million items a second, single at least 500 thousand,
+vnpu at least 50x the reference, the preemption reaction's p99 within a slice plus
+100 us) and issue 14's (the fair scheduler's bulk throughput at least 0.9 of the strict
+one's, the baseline in this run).
+
+Usage: python benchmarks/vnpu_throughput.py [--json] [--quick] [--items N] [--repeats R]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import time
 from typing import Any
+
+from _report import Progress, Target, print_report  # beside this script
 
 from npumanager.core.events import EventKind
 from npumanager.schemas.device import DeviceSpec, Scheduler
@@ -38,6 +44,19 @@ COST_CYCLES = 3_000
 """3 us at the default 1000 MHz: four channels, one arrival a microsecond, 75 % busy."""
 PERIOD_US = GENERATORS
 BATCH = 65_536
+QUICK = {"items": 100_000, "reference_items": 2_000, "single_items": 5_000, "samples": 20}
+"""`--quick`: every figure from small runs, one repeat (seconds; noisy figures)."""
+
+
+def targets(slice_us: int) -> list[Target]:
+    """Issue 3's and issue 14's targets; the reaction's bound depends on the slice."""
+    return [
+        Target("vnpu_items_per_s", ">=", 5_000_000, why="issue 3: bulk"),
+        Target("vnpu_single_items_per_s", ">=", 500_000, why="issue 3: single"),
+        Target("ratio", ">=", 50, why="issue 3: vnpu bulk over the reference"),
+        Target("preempt_reaction_p99_us", "<=", slice_us + 100, why="issue 3: a slice + 100 us"),
+        Target("fair_over_strict", ">=", 0.9, why="issue 14: bands cost at most 10 %"),
+    ]
 
 
 def periodic_workload(driver: Any, items: int) -> int:
@@ -170,16 +189,45 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure; medians")
     parser.add_argument("--samples", type=int, default=300, help="preemption samples")
     parser.add_argument("--slice-us", type=int, default=1000)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small runs of every figure, one repeat (seconds; noisy): "
+        + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items()),
+    )
     args = parser.parse_args()
+    if args.quick:
+        vars(args).update(QUICK, repeats=1)
 
+    # Rough seconds of each step, for the progress estimate.
+    costs = {
+        "bulk": args.items / 2.5e6,
+        "reference": args.reference_items / 3e4,
+        "single": args.single_items / 1e5,
+        "floor": args.single_items / 1e6,
+    }
+    weights = [costs["bulk"]] * 2 * args.repeats
+    weights += [costs[k] for k in ("reference", "single", "floor") for _ in range(args.repeats)]
+    progress = Progress("vnpu throughput", [*weights, args.samples * 0.003])
     bulk, strict = [], []
-    for _ in range(args.repeats):  # alternating, so both see the same neighbours
+    for index in range(args.repeats):  # alternating, so both see the same neighbours
+        progress.step(f"bulk, fair, {args.items:,} items, run {index + 1}")
         bulk.append(bulk_vnpu(args.items))
+        progress.step(f"bulk, strict, {args.items:,} items, run {index + 1}")
         strict.append(bulk_vnpu(args.items, Scheduler.STRICT)[0])
-    ref = [bulk_reference(args.reference_items) for _ in range(args.repeats)]
-    single = [single_vnpu(args.single_items) for _ in range(args.repeats)]
-    floor = [c_floor(args.single_items * 5) for _ in range(args.repeats)]
+    ref, single, floor = [], [], []
+    for index in range(args.repeats):
+        progress.step(f"reference, {args.reference_items:,} items, run {index + 1}")
+        ref.append(bulk_reference(args.reference_items))
+    for index in range(args.repeats):
+        progress.step(f"single, {args.single_items:,} items, run {index + 1}")
+        single.append(single_vnpu(args.single_items))
+    for index in range(args.repeats):
+        progress.step(f"C floor, {args.single_items * 5:,} items, run {index + 1}")
+        floor.append(c_floor(args.single_items * 5))
+    progress.step(f"preemption reaction, {args.samples} samples in real time")
     reactions = preempt_reaction(args.samples, args.slice_us)
+    progress.done()
     vnpu_rate = statistics.median(r for r, _ in bulk)
     ref_rate = statistics.median(r for r, _ in ref)
     result = {
@@ -202,11 +250,7 @@ def main() -> None:
         },
         "repeats": args.repeats,
     }
-    if args.json:
-        print(json.dumps(result))
-        return
-    for key, value in result.items():
-        print(f"{key:28} {value}")
+    print_report(result, targets(args.slice_us), as_json=args.json)
 
 
 if __name__ == "__main__":

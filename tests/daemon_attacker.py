@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any
 
+from npumanager.schemas.limits import PROTOCOL_VERSION
+
 _HEADER = struct.Struct(">I")
 MIB = 1 << 20
 
@@ -24,7 +26,7 @@ def frame(message: dict[str, Any]) -> bytes:
     return _HEADER.pack(len(body)) + body
 
 
-HELLO = frame({"op": "hello", "version": int(os.environ.get("NPU_PROTOCOL_VERSION", "1"))})
+HELLO = frame({"op": "hello", "version": PROTOCOL_VERSION})
 
 
 def connect(path: str) -> socket.socket:

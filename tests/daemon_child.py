@@ -8,6 +8,7 @@ line. Usage: daemon_child.py SOCKET UID GID [GROUP,...]
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -15,11 +16,15 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
 import npumanager as npu
 import npumanager.core.lease
 import npumanager.core.snapshot
 
 _out_lock = threading.Lock()
+SHARED_BYTES = 256 << 20
+"""The child's shared segment: room for one long inference (the daemon's default limit)."""
 
 
 def say(**fields: Any) -> None:
@@ -35,6 +40,8 @@ class App(npu.ModelLoadRequestCallback):
         self.manager = manager
         self.auto_unload = True
         self.models: dict[int, npu.LoadedModel] = {}
+        self.work: dict[int, Any] = {}
+        """Real inferences submitted, by work id."""
 
     def on_can_load_model(self, request: Any, status: Any, listener: Any) -> None:
         say(event="decision", id=request.id, status=int(status), at_ns=time.monotonic_ns())
@@ -73,10 +80,68 @@ def run_on_models(app: App, command: dict[str, Any]) -> tuple[bool, Any]:
     return False, None
 
 
-def run(app: App, client: npu.DaemonClient, command: dict[str, Any]) -> Any:
-    handled, result = run_on_models(app, command)
-    if handled:
-        return result
+def digest(outputs: list[Any]) -> dict[str, Any]:
+    """What the test compares of real outputs: shapes, dtypes and a hash of the bytes."""
+    return {
+        "shapes": [list(o.shape) for o in outputs],
+        "dtypes": [str(o.dtype) for o in outputs],
+        "sha256": hashlib.sha256(b"".join(o.tobytes() for o in outputs)).hexdigest(),
+    }
+
+
+def chain_feeds(command: dict[str, Any]) -> dict[str, Any]:
+    rows, width = command.get("rows", 8), command.get("width", 256)
+    return {"x": np.full((rows, width), command.get("value", 0.5), dtype=np.float32)}
+
+
+def run_real(app: App, command: dict[str, Any]) -> tuple[bool, Any]:
+    """The commands of real inference through the daemon: (handled, result)."""
+    op = command["op"]
+    if op == "real_load":
+        request = _request(command)
+        model = app.manager.load_model(request, path=command["path"])
+        app.manager.listener.notify_model_loaded(request)
+        app.models[request.id] = model
+        return True, {"model": model.handle, "weight_bytes": model.weight_bytes}
+    if op == "real_run":
+        outputs = app.models[command["id"]].run(
+            chain_feeds(command), timeout=command.get("run_timeout")
+        )
+        return True, digest(outputs)
+    if op == "real_submit":
+        future = app.models[command["id"]].submit(chain_feeds(command))
+        app.work[future.work_id] = future
+        return True, future.work_id
+    if op == "real_result":
+        future = app.work.pop(command["work_id"])
+        try:
+            return True, digest(future.result(command.get("timeout", 30)))
+        except BaseException as exc:
+            return True, {"raised": type(exc).__name__}
+    if op == "real_cancel":
+        future = app.work[command["work_id"]]
+        return True, {"cancel": future.cancel(), "cancelled": future.cancelled()}
+    if op == "real_flood":
+        model = app.models[command["id"]]
+
+        def flood() -> None:
+            while True:
+                try:
+                    model.run(chain_feeds(command))
+                except Exception as exc:
+                    say(event="flood_ended", error=type(exc).__name__)
+                    return
+
+        threading.Thread(target=flood, daemon=True).start()
+        return True, None
+    return False, None
+
+
+def run(app: App, client: npu.DaemonClient, command: dict[str, Any]) -> Any:  # noqa: PLR0912
+    for commands in (run_on_models, run_real):
+        handled, result = commands(app, command)
+        if handled:
+            return result
     manager = app.manager
     op = command["op"]
     if op == "request":
@@ -127,7 +192,7 @@ def main() -> None:
     os.setgid(gid)
     os.setuid(uid)
     try:
-        client = npu.DaemonClient(socket_path, uses_feature=True)
+        client = npu.DaemonClient(socket_path, uses_feature=True, shared_bytes=SHARED_BYTES)
     except npu.NpuManagerError as exc:
         say(connect_error=type(exc).__name__, message=str(exc))
         return

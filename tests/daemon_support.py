@@ -17,6 +17,7 @@ from typing import Any
 from npumanager.daemon.peer import answers
 
 CHILD = Path(__file__).with_name("daemon_child.py")
+AS_USER = Path(__file__).with_name("daemon_as_user.py")
 SOCKET_GID = 20000
 """The group that owns the test daemon's socket; children in it may connect."""
 MANAGEMENT_GID = 20010
@@ -50,6 +51,7 @@ class DaemonProcess:
         *args: str,
         name: str = "npu.sock",
         nofile: tuple[int, int] | None = None,
+        user: tuple[int, int] | None = None,
     ) -> None:
         self.socket = directory / name
         self.log_path = directory / f"{name}.log"
@@ -57,6 +59,8 @@ class DaemonProcess:
         command = serve_command(self.socket, *args)
         if nofile is not None:
             command = ["prlimit", f"--nofile={nofile[0]}:{nofile[1]}", *command]
+        if user is not None:  # (uid, gid): a daemon that serves as that uid (daemon_as_user.py)
+            command = [sys.executable, str(AS_USER), *map(str, user), *command[4:]]
         self.process = subprocess.Popen(command, stderr=self._log, stdout=subprocess.DEVNULL)
         self.wait_ready()
 

@@ -43,6 +43,7 @@ from npumanager.daemon.peer import answers
 from npumanager.daemon.protocol import FrameReader
 from npumanager.daemon.server import Daemon
 from npumanager.schemas import EndReason, ModelLoadRequestStatus, ModelLoadStatus, UnloadReason
+from npumanager.schemas.limits import PROTOCOL_VERSION
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="giving client processes their own uids needs root"
@@ -156,7 +157,9 @@ def test_identity_is_the_kernels_not_the_messages(start: Callable[..., DaemonPro
     assert {(a.uid, a.process.pid) for a in apps} <= clients
 
     # A hello that names a uid is not this protocol: refused, connection closed.
-    reply = _raw_exchange(daemon.socket, [_frame({"op": "hello", "version": 1, "uid": 0})])
+    reply = _raw_exchange(
+        daemon.socket, [_frame({"op": "hello", "version": PROTOCOL_VERSION, "uid": 0})]
+    )
     assert reply[0]["op"] == "error" and "uid" in reply[0]["message"]
 
 
@@ -625,7 +628,7 @@ def _raw_exchange(
     return replies
 
 
-HELLO = _frame({"op": "hello", "version": 1})
+HELLO = _frame({"op": "hello", "version": PROTOCOL_VERSION})
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import npumanager as npu
 from daemon_support import DaemonProcess, open_socket_dir
+from npumanager.schemas.limits import PROTOCOL_VERSION
 
 OPS = [
     "hello",
@@ -83,7 +84,7 @@ bodies = st.fixed_dictionaries(
     {"op": st.sampled_from(OPS) | st.text(max_size=8)},
     optional={
         "seq": st.integers(0, 100) | values,
-        "version": st.just(1) | values,
+        "version": st.just(PROTOCOL_VERSION) | values,
         "request": requests | values,
         "request_id": st.integers(0, 5) | values,
     },
@@ -92,7 +93,7 @@ bodies = st.fixed_dictionaries(
         lambda extra: {**extra, **base}
     )
 )
-HELLO = {"op": "hello", "version": 1}
+HELLO = {"op": "hello", "version": PROTOCOL_VERSION}
 
 
 def _frame(body: bytes) -> bytes:

@@ -95,7 +95,53 @@ CLIENT_MESSAGES: list[p.WireModel] = [
     p.SetImportance(seq=10, uid=10001, importance=100),
     p.SetAccess(seq=11, uid=10001, has_direct_access=False),
     p.Info(seq=12),
+    p.Attach(seq=13, size=1 << 20),
+    p.LoadRealModel(seq=14, request_id=5, descriptor=True),
+    p.LoadRealModel(seq=15, request_id=5, span=p.Span(offset=64, size=100)),
+    p.Infer(
+        seq=16,
+        model=3,
+        inputs=[p.Tensor(name="x", dtype="float32", shape=[2, 3], offset=0, nbytes=24)],
+        out=p.Span(offset=64, size=64),
+        job_priority=2,
+    ),
+    p.FetchResult(seq=17, call_seq=16, out=p.Span(offset=0, size=4096)),
+    p.CancelInference(seq=18, call_seq=16),
 ]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        p.WorkEnded(
+            call_seq=16,
+            work_id=4,
+            reason=0,
+            outputs=[p.Tensor(name="0", dtype="int64", shape=[1], offset=64, nbytes=8)],
+        ),
+        p.WorkEnded(call_seq=16, work_id=4, reason=0, held_bytes=1 << 20),
+        p.WorkEnded(call_seq=16, work_id=4, reason=3, kind="ExecutionError", message="boom"),
+    ],
+)
+def test_work_ended_frames_round_trip(message: p.WireModel) -> None:
+    (body,) = list(p.FrameReader().feed(p.encode(message)))
+    assert p.parse_daemon(body) == message
+
+
+@pytest.mark.parametrize(
+    ("body", "seq"),
+    [
+        (b'{"op":"infer","seq":7,"model":"x"}', 7),
+        (b'{"op":"attach","seq":0}', 0),
+        (b'{"op":"infer","seq":-1}', None),
+        (b'{"op":"infer","seq":true}', None),
+        (b'{"op":"submit","seq":7,"model":"x"}', None),
+        (b"not json", None),
+        (b"[1]", None),
+    ],
+)
+def test_only_malformed_real_inference_calls_are_answered(body: bytes, seq: int | None) -> None:
+    assert p.answerable_seq(body) == seq
 
 
 @pytest.mark.parametrize("message", CLIENT_MESSAGES, ids=lambda m: type(m).__name__)
@@ -135,3 +181,65 @@ def test_identity_fields_do_not_exist_in_any_client_message() -> None:
 def test_encode_refuses_a_frame_over_the_limit() -> None:
     with pytest.raises(p.ProtocolError, match="over the limit"):
         p.encode(p.Reply(seq=1, result={"x": "y" * MAX_FRAME_BYTES}))
+
+
+names = st.text(max_size=20)
+tensor_fields = st.tuples(
+    names,
+    st.sampled_from(["float32", "int64", "bool", "uint8"]),
+    st.lists(st.integers(0, 1 << 20), max_size=4).map(tuple),
+    st.integers(0, 1 << 40),
+    st.integers(0, 1 << 40),
+)
+
+
+@given(
+    seq=st.integers(0, 1 << 62),
+    model=st.integers(0, 1 << 30),
+    inputs=st.lists(tensor_fields, max_size=3),
+    out=st.tuples(st.integers(0, 1 << 40), st.integers(0, 1 << 40)),
+    ack=st.booleans(),
+    job_priority=st.integers(0, 999),
+)
+def test_the_hand_built_infer_frame_means_what_the_model_says(
+    seq: int,
+    model: int,
+    inputs: list[tuple[str, str, tuple[int, ...], int, int]],
+    out: tuple[int, int],
+    ack: bool,
+    job_priority: int,
+) -> None:
+    frame = p.infer_frame(seq, model, [p.tensor_json(*t) for t in inputs], out, ack, job_priority)
+    (body,) = list(p.FrameReader().feed(frame))
+    assert p.parse_client(body) == p.Infer(
+        seq=seq,
+        model=model,
+        inputs=[
+            p.Tensor(name=n, dtype=d, shape=list(s), offset=o, nbytes=b)  # type: ignore[arg-type]
+            for n, d, s, o, b in inputs
+        ],
+        out=p.Span(offset=out[0], size=out[1]),
+        ack=ack,
+        job_priority=job_priority,
+    )
+
+
+@given(
+    seq=st.integers(0, 1 << 62),
+    work_id=st.integers(0, 1 << 62),
+    outputs=st.lists(tensor_fields, max_size=3),
+)
+def test_the_hand_built_ended_frame_means_what_the_model_says(
+    seq: int, work_id: int, outputs: list[tuple[str, str, tuple[int, ...], int, int]]
+) -> None:
+    frame = p.ended_frame(seq, work_id, [p.tensor_json(*t) for t in outputs])
+    (body,) = list(p.FrameReader().feed(frame))
+    assert p.parse_daemon(body) == p.WorkEnded(
+        call_seq=seq,
+        work_id=work_id,
+        reason=int(npu.EndReason.COMPLETED),
+        outputs=[
+            p.Tensor(name=n, dtype=d, shape=list(s), offset=o, nbytes=b)  # type: ignore[arg-type]
+            for n, d, s, o, b in outputs
+        ],
+    )

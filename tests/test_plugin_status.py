@@ -22,9 +22,11 @@ WITHOUT_EXTRAS = (
 
 
 def npu(*argv: str, extras: bool = True, **env: str) -> subprocess.CompletedProcess[str]:
-    prefix = ["-m", "npumanager"] if extras else ["-c", WITHOUT_EXTRAS]
+    """The installed console script (without extras: its entry point, extras blocked)."""
+    script = str(Path(sys.executable).with_name("npu-manager"))
+    command = [script] if extras else [sys.executable, "-c", WITHOUT_EXTRAS]
     return subprocess.run(
-        [sys.executable, *prefix, *argv],
+        [*command, *argv],
         capture_output=True,
         text=True,
         check=False,

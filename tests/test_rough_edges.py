@@ -19,12 +19,15 @@ from npumanager.schemas.limits import (
     MAX_TOML_DEPTH,
 )
 
+CONSOLE_SCRIPT = str(Path(sys.executable).with_name("npu-manager"))
+"""The installed `npu-manager` command, as a user runs it."""
+
 
 def npu(*argv: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
     """`npu-manager ARGV` as a user runs it."""
     streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kwargs}
     return subprocess.run(  # type: ignore[call-overload, no-any-return]
-        [sys.executable, "-m", "npumanager", *argv], text=True, check=False, **streams
+        [CONSOLE_SCRIPT, *argv], text=True, check=False, **streams
     )
 
 
@@ -124,7 +127,7 @@ def test_ctrl_c_during_simulate_is_one_line_and_exit_130(tmp_path: Path) -> None
     slow = 'kind = "periodic", cost_us = 500, period_ms = 1000'
     path = scenario(tmp_path, MAX_SCENARIO_APP_MS // 20, [app(i, slow) for i in range(20)])
     process = subprocess.Popen(
-        [sys.executable, "-m", "npumanager", "simulate", str(path), "--progress", "always"],
+        [CONSOLE_SCRIPT, "simulate", str(path), "--progress", "always"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

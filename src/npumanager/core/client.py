@@ -156,7 +156,8 @@ class Backend(TimeSource, Protocol):
 
 
 class InProcessBackend(Protocol):
-    """What real inference needs of a backend: only the in-process one (`LocalBackend`)."""
+    """What real inference needs of a backend: the in-process one (`LocalBackend`) and the
+    daemon's client (`DaemonClient`) both give it."""
 
     def load_real_model(
         self, manager: NpuManager, request: ModelLoadRequest, model: Any, path: Any, sram: int
@@ -187,8 +188,8 @@ class InProcessBackend(Protocol):
 def _in_process(backend: Backend) -> InProcessBackend:
     if not hasattr(backend, "submit_inference"):
         raise NotImplementedError(
-            "real inference runs in process (a Service's managers); through the daemon, "
-            "load with weight_bytes= and submit cost_cycles"
+            f"{type(backend).__name__} runs no real inference: use a Service's managers or "
+            "npumanager.connect()"
         )
     return backend  # type: ignore[return-value]
 

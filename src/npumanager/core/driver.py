@@ -13,7 +13,7 @@ pushes raw events through the debouncer; a subclass applies configs to its devic
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
@@ -203,6 +203,9 @@ class WorkHandle(Protocol):
 
     def done(self) -> bool:
         """True once the work ended."""
+
+    def add_done_callback(self, fn: Callable[[Any], object]) -> None:
+        """Call `fn(self)` once the work ended (at once if it has), on the thread that ended it."""
 
 
 @runtime_checkable

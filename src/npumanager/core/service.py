@@ -161,7 +161,15 @@ class Service:
             )
         if DriverCapability.REAL_TIME in record.capabilities:
             options.setdefault("clock", self.clock)
-        made = record.factory(devices, **options)
+        try:
+            made = record.factory(devices, **options)
+        except TypeError as exc:
+            if "keyword argument" not in str(exc):
+                raise
+            given = ", ".join(sorted(options)) or "none"
+            raise IllegalArgumentError(
+                f"driver {driver!r} refused its options ({given}): {exc}"
+            ) from None
         if not isinstance(made, Driver):
             missing = [n for n in vars(Driver) if not n.startswith("_") and not hasattr(made, n)]
             raise IllegalArgumentError(

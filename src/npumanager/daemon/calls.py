@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from npumanager.core.client import LoadedModel, NpuManager
 from npumanager.core.dispatch import Task
@@ -20,8 +20,16 @@ from npumanager.daemon.peer import PeerCredentials
 from npumanager.errors import NpuPermissionError, UnknownModelError, UnknownRequestError
 from npumanager.schemas import ModelLoadRequest
 
-Handler = Callable[[Connection, Any], dict[str, Any] | bytes | None]
-"""A call's handler: its result as a dict, as JSON already encoded, or None."""
+
+class NoReply:
+    """What a handler returns when its call is answered later, or not at all."""
+
+
+NO_REPLY: Final = NoReply()
+
+Handler = Callable[[Connection, Any], dict[str, Any] | bytes | NoReply | None]
+"""A call's handler: its result as a dict, as JSON already encoded, None (an empty reply),
+or `NO_REPLY`."""
 
 
 class Calls:
@@ -48,23 +56,26 @@ class Calls:
         }
 
     @staticmethod
-    def _manager_of(connection: Connection) -> NpuManager:
+    def manager_of(connection: Connection) -> NpuManager:
+        """The connection's manager (it said hello)."""
         assert connection.manager is not None
         return connection.manager
 
-    def _live(self, connection: Connection, request_id: int) -> ModelLoadRequest:
+    def live(self, connection: Connection, request_id: int) -> ModelLoadRequest:
+        """One of the connection's live requests (`UnknownRequestError` otherwise)."""
         if request_id not in connection.requests:
             raise UnknownRequestError(f"request {request_id} is not a live request of this client")
-        return self.backend.live_request(self._manager_of(connection), request_id)
+        return self.backend.live_request(self.manager_of(connection), request_id)
 
-    def _model(self, connection: Connection, handle: int) -> LoadedModel:
+    def model(self, connection: Connection, handle: int) -> LoadedModel:
+        """A model the connection loaded (`UnknownModelError` otherwise)."""
         request_id = connection.models.get(handle)
         if request_id is None:
             raise UnknownModelError(f"model {handle} is not loaded by this client")
-        return self.backend.loaded_model(self._manager_of(connection), request_id, handle)
+        return self.backend.loaded_model(self.manager_of(connection), request_id, handle)
 
     def on_request(self, connection: Connection, message: p.RequestCanLoad) -> None:
-        manager = self._manager_of(connection)
+        manager = self.manager_of(connection)
         if message.uses_feature:
             manager.declare_feature()
         request = message.request
@@ -76,29 +87,29 @@ class Calls:
         connection.add_request(request.id)
 
     def on_cancel(self, connection: Connection, message: p.CancelLoad) -> None:
-        request = self._live(connection, message.request_id)
-        self.backend.cancel_load(self._manager_of(connection), request)
+        request = self.live(connection, message.request_id)
+        self.backend.cancel_load(self.manager_of(connection), request)
 
     def on_loaded(self, connection: Connection, message: p.NotifyLoaded) -> None:
-        request = self._live(connection, message.request_id)
-        self.backend.notify_loaded(self._manager_of(connection), request)
+        request = self.live(connection, message.request_id)
+        self.backend.notify_loaded(self.manager_of(connection), request)
 
     def on_unloaded(self, connection: Connection, message: p.NotifyUnloaded) -> None:
-        request = self._live(connection, message.request_id)
-        self.backend.notify_unloaded(self._manager_of(connection), request)
+        request = self.live(connection, message.request_id)
+        self.backend.notify_unloaded(self.manager_of(connection), request)
 
     def on_load_model(self, connection: Connection, message: p.LoadModel) -> dict[str, Any]:
-        request = self._live(connection, message.request_id)
+        request = self.live(connection, message.request_id)
         connection.check_quota("models")
         model = self.backend.load_model(
-            self._manager_of(connection), request, message.weight_bytes, message.sram_bytes
+            self.manager_of(connection), request, message.weight_bytes, message.sram_bytes
         )
         connection.add_model(model.handle, request.id)
         return {"model": model.handle, "device": model.device}
 
     def on_submit(self, connection: Connection, message: p.Submit) -> dict[str, Any]:
         work_id = self.backend.submit_work(
-            self._model(connection, message.model),
+            self.model(connection, message.model),
             message.cost_cycles,
             message.job_priority,
             message.original_uid,
@@ -108,7 +119,14 @@ class Calls:
         return {"work_id": work_id}
 
     def on_cancel_work(self, connection: Connection, message: p.CancelWork) -> None:
-        self.backend.cancel_work(self._model(connection, message.model), message.work_id)
+        model = self.model(connection, message.model)
+        if message.work_id in connection.inferences:
+            connection.cancelled.add(message.work_id)  # its end is CANCELLED_USER
+        try:
+            self.backend.cancel_work(model, message.work_id)
+        except Exception:
+            connection.cancelled.discard(message.work_id)
+            raise
 
     def may_manage(self, peer: PeerCredentials) -> bool:
         """True for root, the daemon's own uid and members of the management group."""

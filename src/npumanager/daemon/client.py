@@ -9,6 +9,7 @@ are delivered to each request's callback on its executor, in order, exactly as i
 
 from __future__ import annotations
 
+import array
 import contextlib
 import itertools
 import logging
@@ -32,7 +33,13 @@ from npumanager.core.client import (
 from npumanager.core.dispatch import DeliveryStats, ExecutorLike, SerialQueue
 from npumanager.daemon import protocol as p
 from npumanager.daemon.peer import default_socket_path
-from npumanager.errors import DaemonError, DaemonUnavailableError, IllegalArgumentError
+from npumanager.daemon.remote_inference import RemoteInference, RemoteWork
+from npumanager.errors import (
+    DaemonError,
+    DaemonUnavailableError,
+    ExecutionError,
+    IllegalArgumentError,
+)
 from npumanager.schemas import (
     ModelLoadRequest,
     ModelLoadRequestStatus,
@@ -41,7 +48,12 @@ from npumanager.schemas import (
     NpuUuid,
     UnloadReason,
 )
-from npumanager.schemas.limits import DEFAULT_CALL_TIMEOUT_S, DEFAULT_INFO_LIMIT, PROTOCOL_VERSION
+from npumanager.schemas.limits import (
+    DEFAULT_CALL_TIMEOUT_S,
+    DEFAULT_CLIENT_SHARED_BYTES,
+    DEFAULT_INFO_LIMIT,
+    PROTOCOL_VERSION,
+)
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +111,7 @@ class DaemonClient:
         *,
         uses_feature: bool = False,
         timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        shared_bytes: int = DEFAULT_CLIENT_SHARED_BYTES,
     ) -> None:
         self.socket_path = Path(socket_path) if socket_path is not None else default_socket_path()
         self.timeout_s = timeout_s
@@ -119,6 +132,7 @@ class DaemonClient:
         self._dispatcher: ThreadPoolExecutor | None = None
         self._closed = False
         self._lost: str | None = None
+        self._inference = RemoteInference(self, shared_bytes)
         welcome = self._handshake(uses_feature)
         self.uid = welcome.uid
         self.pid = welcome.pid
@@ -317,6 +331,72 @@ class DaemonClient:
     def cancel_work(self, model: LoadedModel, work_id: int) -> None:
         self._call(p.CancelWork, model=model.handle, work_id=work_id)
 
+    def load_real_model(
+        self, manager: NpuManager, request: ModelLoadRequest, model: Any, path: Any, sram: int
+    ) -> LoadedModel:
+        return self._inference.load(manager, request, model, path, sram)
+
+    def submit_inference(
+        self,
+        model: LoadedModel,
+        inputs: Mapping[str, Any],
+        job_priority: int,
+        original_uid: int | None,
+        group_id: Any,
+        feature_id: str | None,
+    ) -> RemoteWork:
+        return self._inference.submit(
+            model, inputs, job_priority, original_uid, group_id, feature_id
+        )
+
+    def run_inference(
+        self,
+        model: LoadedModel,
+        inputs: Mapping[str, Any],
+        job_priority: int,
+        timeout: float | None,
+    ) -> list[Any]:
+        return self._inference.run(model, inputs, job_priority, timeout)
+
+    # What the real-inference side needs of the wire ---------------------------------------
+
+    def next_seq(self) -> int:
+        """A seq no call of this connection has used."""
+        return next(self._seq)
+
+    def call(
+        self,
+        kind: type[p.Call],
+        *,
+        seq: int | None = None,
+        fds: list[int] | None = None,
+        **fields: Any,
+    ) -> dict[str, Any] | None:
+        """One call (with descriptors sent alongside, if any); its result or its error."""
+        return self._call(kind, seq=seq, fds=fds, **fields)
+
+    def send_only(self, kind: type[p.Call], seq: int, **fields: Any) -> None:
+        """Send one call without waiting: its answer goes to whoever expects `seq`."""
+        self.send_frame(p.encode(kind(seq=seq, **fields)))
+
+    def send_frame(self, frame: bytes) -> None:
+        """Send one encoded call without waiting for its answer."""
+        if self._lost is not None:
+            raise DaemonUnavailableError(self._lost)
+        if self._closed:
+            raise DaemonUnavailableError("this connection to the daemon is closed")
+        try:
+            with self._send_lock:
+                self._sock.sendall(frame)
+        except OSError:
+            self._lose("the daemon closed the connection")
+            raise DaemonUnavailableError(self._lost or "the daemon closed the connection") from None
+
+    @staticmethod
+    def error_class(kind: str | None) -> type[Exception]:
+        """The exception class the daemon named (`ExecutionError` when it names none)."""
+        return _ERRORS.get(kind or "", ExecutionError)
+
     # The wire ---------------------------------------------------------------------------
 
     def _default_executor(self) -> ThreadPoolExecutor:
@@ -324,22 +404,35 @@ class DaemonClient:
             self._dispatcher = ThreadPoolExecutor(1, thread_name_prefix="npu-client-dispatch")
         return self._dispatcher
 
-    def _send(self, message: p.WireModel) -> None:
+    def _send(self, message: p.WireModel, fds: list[int] | None = None) -> None:
         frame = p.encode(message)
         with self._send_lock:
-            self._sock.sendall(frame)
+            if not fds:
+                self._sock.sendall(frame)
+                return
+            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+            sent = self._sock.sendmsg([frame], rights)
+            if sent < len(frame):
+                self._sock.sendall(frame[sent:])
 
-    def _call(self, kind: type[p.Call], **fields: Any) -> dict[str, Any] | None:
+    def _call(
+        self,
+        kind: type[p.Call],
+        *,
+        seq: int | None = None,
+        fds: list[int] | None = None,
+        **fields: Any,
+    ) -> dict[str, Any] | None:
         """Send one call of this kind and wait for its reply; raise its error."""
         if self._lost is not None:
             raise DaemonUnavailableError(self._lost)
         if self._closed:
             raise DaemonUnavailableError("this connection to the daemon is closed")
-        seq = next(self._seq)
+        seq = next(self._seq) if seq is None else seq
         pending = _Pending()
         self._pending[seq] = pending
         try:
-            self._send(kind(seq=seq, **fields))
+            self._send(kind(seq=seq, **fields), fds)
         except OSError:
             self._pending.pop(seq, None)
             self._lose("the daemon closed the connection")
@@ -383,6 +476,7 @@ class DaemonClient:
     def _lose(self, why: str) -> None:
         if self._lost is None:
             self._lost = why if not self._closed else "this connection to the daemon is closed"
+        self._inference.lost(DaemonUnavailableError(self._lost))
         for seq in list(self._pending):
             pending = self._pending.pop(seq, None)  # whoever pops a call finishes it
             if pending is not None:
@@ -393,6 +487,9 @@ class DaemonClient:
         if isinstance(message, p.Reply | p.Error) and message.seq is not None:
             pending = self._pending.pop(message.seq, None)
             if pending is None:
+                if isinstance(message, p.Error):
+                    error = _ERRORS.get(message.kind, DaemonError)(message.message)
+                    self._inference.refused(message.seq, error)
                 return
             if isinstance(message, p.Error):
                 pending.error = _ERRORS.get(message.kind, DaemonError)(message.message)
@@ -402,6 +499,8 @@ class DaemonClient:
         elif isinstance(message, p.Error):
             log.error("the daemon is closing this connection: %s", message.message)
             self._lose(f"the daemon closed the connection: {message.message}")
+        elif isinstance(message, p.WorkEnded):
+            self._inference.ended(message)
         elif isinstance(message, p.Decision | p.UnloadAsked | p.Completed):
             self._event(message)
 
@@ -427,10 +526,16 @@ def connect(
     *,
     uses_feature: bool = False,
     timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+    shared_bytes: int = DEFAULT_CLIENT_SHARED_BYTES,
 ) -> NpuManager:
     """An `NpuManager` served by the daemon on `socket_path` (default: the per-user socket).
 
     The daemon knows the caller by the kernel's credentials of the connection. Close the
-    manager (or use it as a context manager) to leave; its requests then end.
+    manager (or use it as a context manager) to leave; its requests then end. Real
+    inference (`load_model(path=...)`, `LoadedModel.run`) moves tensors through a shared
+    segment of `shared_bytes`, made on first use.
     """
-    return DaemonClient(socket_path, uses_feature=uses_feature, timeout_s=timeout_s).manager()
+    client = DaemonClient(
+        socket_path, uses_feature=uses_feature, timeout_s=timeout_s, shared_bytes=shared_bytes
+    )
+    return client.manager()

@@ -8,21 +8,32 @@ dropped connection is freed at once, with no reference cycle to wait for.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import selectors
 import socket
+import threading
 import weakref
-from typing import Any, Protocol
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from npumanager.core.client import ModelLoadRequestCallback, NpuManager
 from npumanager.daemon import protocol as p
 from npumanager.daemon.peer import PeerCredentials
 from npumanager.daemon.quotas import Resource, UidUsage
+from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import (
     ModelLoadRequest,
     ModelLoadRequestStatus,
     ModelLoadStatus,
     UnloadReason,
 )
+from npumanager.schemas.limits import MAX_PENDING_DESCRIPTORS
+
+if TYPE_CHECKING:
+    from npumanager.daemon.segment import SharedSegment
 
 
 class Outlet(Protocol):
@@ -53,6 +64,9 @@ class Connection:
         self.usage = usage
         self.reader = p.FrameReader()
         self.outbox = bytearray()
+        self.write_lock = threading.Lock()
+        """Held to change the outbox, to write the socket, and to mark the connection closed:
+        a worker thread may send a finished inference's frame itself (`send_now`)."""
         self.manager: NpuManager | None = None
         self.requests: set[int] = set()
         """The ids of this client's live requests (the service keeps the records)."""
@@ -65,6 +79,18 @@ class Connection:
         """Unread replies passed `OUTBOX_PAUSE_BYTES`: nothing is read until it drains."""
         self.last_active = now
         self.callback = RemoteCallback(self)
+        self.descriptors: deque[int] = deque()
+        """Descriptors the client sent (SCM_RIGHTS), for the frames that take them, in order."""
+        self.segment: SharedSegment | None = None
+        """The client's shared segment for tensors, once attached."""
+        self.inferences: dict[int, int] = {}
+        """The call seq of each of this client's inferences in flight, by work id."""
+        self.inference_models: dict[int, int] = {}
+        """The model handle of each inference in flight, by work id."""
+        self.cancelled: set[int] = set()
+        """Inferences in flight the client cancelled: they end CANCELLED_USER."""
+        self.held: dict[int, list[np.ndarray]] = {}
+        """Outputs too large for their region, by call seq, until fetched."""
 
     @property
     def buffered(self) -> int:
@@ -84,8 +110,52 @@ class Connection:
         """Queue an encoded frame; it leaves at the end of the loop's turn."""
         if self.closed:
             return
-        self.outbox += frame
+        with self.write_lock:
+            self.outbox += frame
         self._outlet.queued(self, len(frame))
+
+    def send_now(self, frame: bytes) -> int:
+        """From a worker thread: send `frame` at once when nothing waits before it. The
+        bytes left in the outbox for the loop to account and write (0: all sent), or -1
+        when nothing was sent and the caller must queue the frame through the loop."""
+        with self.write_lock:
+            if self.closed or self.outbox or self.paused:
+                return -1
+            try:
+                sent = self.sock.send(frame)
+            except OSError:  # full (BlockingIOError) or broken: the loop deals with it
+                return -1
+            left = len(frame) - sent
+            if left:
+                self.outbox += frame[sent:]
+            return left
+
+    def received_descriptors(self, fds: list[int]) -> bool:
+        """Keep descriptors the client sent; False (all closed) past `MAX_PENDING_DESCRIPTORS`."""
+        self.descriptors.extend(fds)
+        if len(self.descriptors) <= MAX_PENDING_DESCRIPTORS:
+            return True
+        self.close_descriptors()
+        return False
+
+    def take_descriptor(self, op: str) -> int:
+        """The next descriptor the client sent; the caller closes it."""
+        if not self.descriptors:
+            raise IllegalArgumentError(
+                f"{op} needs a descriptor sent with its frame (SCM_RIGHTS); none came"
+            )
+        return self.descriptors.popleft()
+
+    def close_descriptors(self) -> None:
+        """Close every descriptor the client sent and no frame took."""
+        while self.descriptors:
+            with contextlib.suppress(OSError):
+                os.close(self.descriptors.popleft())
+
+    def queued_by_worker(self, nbytes: int) -> None:
+        """On the loop: account the rest of a frame `send_now` could not send at once."""
+        if not self.closed:
+            self._outlet.queued(self, nbytes)
 
     def add_request(self, request_id: int) -> None:
         """Count and remember a live request (`QuotaExceededError` past the uid's cap)."""
@@ -122,6 +192,11 @@ class Connection:
         self.reader.release()
         self.outbox = bytearray()
         self.manager = None
+        self.close_descriptors()
+        self.segment = None  # unmapped once running inferences let go of their arrays
+        self.held.clear()
+        self.inferences.clear()
+        self.inference_models.clear()
 
 
 class RemoteCallback(ModelLoadRequestCallback):

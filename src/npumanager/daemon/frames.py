@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from npumanager.core.service import Service
 from npumanager.daemon import protocol as p
-from npumanager.daemon.calls import Handler
+from npumanager.daemon.calls import Handler, NoReply
 from npumanager.daemon.connection import Connection
 from npumanager.daemon.info import InfoCache
 from npumanager.daemon.stats import DaemonStats
@@ -48,7 +48,18 @@ class FrameHandler:
     def handle(self, connection: Connection, body: bytes) -> None:
         """Parse and act on one frame body; `ProtocolError` if the frame is not allowed."""
         self.stats.frames_in += 1
-        message = p.parse_client(body)
+        try:
+            message = p.parse_client(body)
+        except p.ProtocolError as exc:
+            seq = p.answerable_seq(body) if connection.manager is not None else None
+            if seq is None:
+                raise
+            # A malformed real-inference call is answered, and the connection stays; a
+            # descriptor it may have carried is not left for the next frame.
+            self.stats.call_errors += 1
+            connection.close_descriptors()
+            connection.send(p.Error(seq=seq, kind="IllegalArgumentError", message=clip(str(exc))))
+            return
         if isinstance(message, p.Hello):
             self._hello(connection, message)
             return
@@ -71,6 +82,8 @@ class FrameHandler:
             return
         # The call's own callbacks go first, as they run before an in-process call returns.
         self._run_ready()
+        if isinstance(result, NoReply):
+            return
         if result is None:
             connection.send_frame(p.reply_frame(seq))
         elif isinstance(result, bytes):

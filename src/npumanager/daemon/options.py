@@ -115,6 +115,21 @@ def parse_sink(spec: str) -> tuple[str, dict[str, Any]]:
     return name, options
 
 
+def parse_driver_option(spec: str) -> tuple[str, Any]:
+    """`KEY=VALUE` as a driver option: digits become ints, true/false bools, the rest text."""
+    key, equals, value = spec.partition("=")
+    if not equals or not key.isidentifier():
+        raise NpuManagerError(
+            f"--driver-option {spec!r}: give KEY=VALUE, e.g. capacity_bytes=1073741824 or "
+            "device=CPU"
+        )
+    if value.lstrip("-").isdigit():
+        return key, int(value)
+    if value.lower() in ("true", "false"):
+        return key, value.lower() == "true"
+    return key, value
+
+
 def client(args: argparse.Namespace) -> Any:
     """A `DaemonClient` on the verb's `--socket`, with its `--timeout`."""
     from npumanager.daemon.client import DaemonClient

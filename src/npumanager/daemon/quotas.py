@@ -16,8 +16,10 @@ from npumanager.schemas.limits import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_BUFFERED_BYTES,
     DEFAULT_MAX_CONNECTIONS_PER_UID,
+    DEFAULT_MAX_MODEL_FILE_BYTES,
     DEFAULT_MAX_MODELS_PER_UID,
     DEFAULT_MAX_REQUESTS_PER_UID,
+    DEFAULT_MAX_SHARED_BYTES,
 )
 
 Resource = Literal["connections", "requests", "models"]
@@ -38,6 +40,8 @@ class DaemonLimits:
     max_models_per_uid: int = DEFAULT_MAX_MODELS_PER_UID
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES
+    max_model_file_bytes: int = DEFAULT_MAX_MODEL_FILE_BYTES
 
     def cap(self, resource: Resource) -> int:
         """The per-uid cap of one resource."""

@@ -17,6 +17,7 @@ from npumanager.daemon.options import (
     Add,
     CommandContext,
     budget_options,
+    parse_driver_option,
     parse_sink,
     policy_params,
     socket_option,
@@ -25,12 +26,15 @@ from npumanager.daemon.quotas import DaemonLimits
 from npumanager.errors import NpuManagerError
 from npumanager.plugins.sinks import check_sink_options
 from npumanager.schemas.limits import (
+    DAEMON_SWITCH_INTERVAL_S,
     DEFAULT_HEALTH_INTERVAL_MS,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_BUFFERED_BYTES,
     DEFAULT_MAX_CONNECTIONS_PER_UID,
+    DEFAULT_MAX_MODEL_FILE_BYTES,
     DEFAULT_MAX_MODELS_PER_UID,
     DEFAULT_MAX_REQUESTS_PER_UID,
+    DEFAULT_MAX_SHARED_BYTES,
     DEFAULT_UNLOAD_GRACE_MS,
     INT32_MAX,
 )
@@ -78,6 +82,14 @@ def add_serve(add: Add) -> None:
     budget_options(serve)
     serve.add_argument(
         "--devices", type=int, default=1, metavar="N", help="devices of a simulated driver"
+    )
+    serve.add_argument(
+        "--driver-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the driver, e.g. capacity_bytes=1073741824, channels=2 or, for "
+        "openvino, device=CPU (repeatable)",
     )
     serve.add_argument(
         "--socket-group",
@@ -151,6 +163,22 @@ def add_serve(add: Add) -> None:
         f"(default {DEFAULT_MAX_BUFFERED_BYTES // _MIB})",
     )
     limits.add_argument(
+        "--max-shared-mib",
+        type=_positive,
+        default=DEFAULT_MAX_SHARED_BYTES // _MIB,
+        metavar="MIB",
+        help="the largest shared-memory segment one connection may attach for its tensors "
+        f"(default {DEFAULT_MAX_SHARED_BYTES // _MIB})",
+    )
+    limits.add_argument(
+        "--max-model-mib",
+        type=_positive,
+        default=DEFAULT_MAX_MODEL_FILE_BYTES // _MIB,
+        metavar="MIB",
+        help="the largest model file the daemon reads from a client's descriptor "
+        f"(default {DEFAULT_MAX_MODEL_FILE_BYTES // _MIB})",
+    )
+    limits.add_argument(
         "--idle-timeout",
         type=_seconds,
         default=DEFAULT_IDLE_TIMEOUT_S,
@@ -182,6 +210,8 @@ def limits_of(args: argparse.Namespace) -> DaemonLimits:
         max_models_per_uid=args.max_models_per_uid,
         max_buffered_bytes=args.max_buffered_mib * _MIB,
         idle_timeout_s=args.idle_timeout,
+        max_shared_bytes=args.max_shared_mib * _MIB,
+        max_model_file_bytes=args.max_model_mib * _MIB,
     )
 
 
@@ -247,6 +277,9 @@ def cmd_serve(ctx: CommandContext) -> int:
     from npumanager.daemon.server import Daemon
 
     args = ctx.args
+    # A thread that wants the GIL waits at most this long for one that holds it: the loop
+    # and each channel's worker then hand over in well under a frame's deadline.
+    sys.setswitchinterval(DAEMON_SWITCH_INTERVAL_S)
     logging.basicConfig(stream=ctx.err, level=args.log_level.upper(), format=_LOG_FORMAT)
     warnings.showwarning = _log_warning
     listener = _inherited_listener(args)
@@ -263,6 +296,7 @@ def cmd_serve(ctx: CommandContext) -> int:
         policy_params=policy_params(args.policy, args),
         clock="real",
         devices=args.devices,
+        driver_options=dict(map(parse_driver_option, args.driver_option)),
         attribution_uids=args.attribution_uid,
         unload_grace_ms=args.unload_grace_ms,
         health_interval_ms=args.health_interval_ms,

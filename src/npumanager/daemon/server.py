@@ -35,6 +35,7 @@ from npumanager.daemon.binding import Binding, bind, raise_descriptor_limit
 from npumanager.daemon.calls import Calls
 from npumanager.daemon.connection import Connection
 from npumanager.daemon.frames import FrameHandler
+from npumanager.daemon.inference import InferenceCalls
 from npumanager.daemon.info import InfoCache
 from npumanager.daemon.memory import give_back_memory
 from npumanager.daemon.peer import peer_credentials
@@ -105,12 +106,18 @@ class Daemon:
         self._trim_at: float | None = None
         self._log = RateLimitedLog(log)
         self.calls = Calls(service, self.post, management_group)
+        inference = InferenceCalls(
+            service,
+            self.calls,
+            self.post,
+            max_shared_bytes=self.limits.max_shared_bytes,
+            max_model_file_bytes=self.limits.max_model_file_bytes,
+        )
         self._info = InfoCache(self.describe)
         self.admission = Admission(self.usage, self.stats, self._log)
         forget = self._forget_deadline
-        frames = FrameHandler(
-            service, self.calls.handlers, self._info, self.stats, self._run_ready, forget
-        )
+        handlers = {**self.calls.handlers, **inference.handlers}
+        frames = FrameHandler(service, handlers, self._info, self.stats, self._run_ready, forget)
         self.transport = Transport(
             self._selector,
             frames,
@@ -337,6 +344,8 @@ class Daemon:
                 "pid": c.peer.pid,
                 "requests": len(c.requests),
                 "models": len(c.models),
+                "shared_bytes": c.segment.size if c.segment is not None else 0,
+                "inferences": len(c.inferences),
             }
             for c in self.transport.connections.values()
             if c.manager is not None

@@ -9,9 +9,12 @@ that holds the most when they would not.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import logging
+import os
 import selectors
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +29,7 @@ from npumanager.daemon.stats import DaemonStats
 from npumanager.schemas.limits import (
     FRAMES_PER_TURN,
     MAX_OUTBOX_BYTES,
+    MAX_PENDING_DESCRIPTORS,
     OUTBOX_PAUSE_BYTES,
     SHUTDOWN_FLUSH_S,
     TURN_SLICE_S,
@@ -34,6 +38,16 @@ from npumanager.schemas.limits import (
 log = logging.getLogger("npumanager.daemon.server")
 
 _RECV_BYTES = 1 << 16
+_ANCILLARY_BYTES = socket.CMSG_SPACE(MAX_PENDING_DESCRIPTORS * array.array("i").itemsize)
+
+
+def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors of the SCM_RIGHTS messages among a `recvmsg`'s ancillary data."""
+    fds = array.array("i")
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return fds.tolist()
 
 
 class Transport:
@@ -127,11 +141,15 @@ class Transport:
         if connection in self.backlog or connection.paused:
             return  # it has frames waiting their turn: read no more until they are handled
         try:
-            data = connection.sock.recv(_RECV_BYTES)
+            data, ancillary, flags, _ = connection.sock.recvmsg(
+                _RECV_BYTES, _ANCILLARY_BYTES, socket.MSG_CMSG_CLOEXEC
+            )
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
+            data, ancillary, flags = b"", [], 0
+        if ancillary and not self.take_descriptors(connection, ancillary, flags):
+            return
         if not data:
             self.drop(connection)
             return
@@ -140,6 +158,26 @@ class Transport:
         self.buffered += len(data)
         self.handle_frames(connection)
         self.keep_budget()
+
+    def take_descriptors(
+        self, connection: Connection, ancillary: list[tuple[int, int, bytes]], flags: int
+    ) -> bool:
+        """Keep the descriptors a client sent for its next frames; more than
+        `MAX_PENDING_DESCRIPTORS` ahead closes them and the connection (False)."""
+        fds = _descriptors(ancillary)
+        if flags & socket.MSG_CTRUNC:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            connection.close_descriptors()
+        if flags & socket.MSG_CTRUNC or not connection.received_descriptors(fds):
+            self.fatal(
+                connection,
+                f"more than {MAX_PENDING_DESCRIPTORS} descriptors were sent ahead of the "
+                "frames that take them",
+            )
+            return False
+        return True
 
     def handle_frames(self, connection: Connection) -> None:
         """Handle the connection's frames for one slice of the loop; the rest wait a turn.
@@ -192,10 +230,11 @@ class Transport:
             return
         outbox = connection.outbox
         try:
-            while outbox:
-                sent = connection.sock.send(outbox)
-                del outbox[:sent]
-                self.buffered -= sent
+            with connection.write_lock:
+                while outbox:
+                    sent = connection.sock.send(outbox)
+                    del outbox[:sent]
+                    self.buffered -= sent
         except (BlockingIOError, InterruptedError):
             pass
         except OSError:
@@ -224,7 +263,8 @@ class Transport:
         """Forget a connection at once; the client's requests end as if it had died."""
         if connection.closed:
             return
-        connection.closed = True
+        with connection.write_lock:  # no worker thread is sending on it after this
+            connection.closed = True
         self.dirty.discard(connection)
         self.backlog.discard(connection)
         self._on_drop(connection)

@@ -83,8 +83,9 @@ MEMORY_PRESSURE_CRITICAL: Final = 2
 SIMULATION_HORIZON_US: Final = 1 << 62
 """Virtual time never reaches this: the simulated drivers' "never" and their clock limit."""
 
-PROTOCOL_VERSION: Final = 1
-"""The daemon's wire protocol version; a hello with another version is refused."""
+PROTOCOL_VERSION: Final = 2
+"""The daemon's wire protocol version; a hello with another version is refused (2: real
+models by descriptor, tensors in shared memory)."""
 MAX_FRAME_BYTES: Final = 1 << 20
 """The largest frame body the daemon or a client accepts."""
 FRAME_HEADER_BYTES: Final = 4
@@ -165,6 +166,27 @@ DEFAULT_MAX_MODELS_PER_UID: Final = 64
 DEFAULT_MAX_BUFFERED_BYTES: Final = 64 << 20
 """Bytes the daemon buffers for all clients together (partial frames and unread replies);
 past it, the connection buffering the most is dropped."""
+DAEMON_SWITCH_INTERVAL_S: Final = 0.0005
+"""The daemon's GIL switch interval (Python's default is 5 ms): how long a thread ready to
+run may wait for one holding the interpreter."""
+DEFAULT_MAX_SHARED_BYTES: Final = 256 << 20
+"""The largest shared-memory segment one daemon connection may attach for its tensors."""
+DEFAULT_CLIENT_SHARED_BYTES: Final = 64 << 20
+"""The segment a daemon client makes for its tensors unless told (pages cost nothing until
+touched)."""
+DEFAULT_MAX_MODEL_FILE_BYTES: Final = 2 * GIB
+"""The largest model file the daemon reads from a client's descriptor."""
+MAX_PENDING_DESCRIPTORS: Final = 4
+"""Descriptors a daemon connection may have sent ahead of the frames that use them."""
+TENSOR_ALIGN_BYTES: Final = 64
+"""Tensors in a shared segment start at multiples of this."""
+MAX_TENSOR_DIMS: Final = 32
+"""The most dimensions a tensor on the wire may have."""
+MAX_WIRE_TENSORS: Final = 1024
+"""The most input or output tensors one inference frame may name."""
+MAX_HELD_RESULTS: Final = 4
+"""Results too large for their region that the daemon keeps for a client to fetch; past it,
+the oldest is dropped."""
 DEFAULT_IDLE_TIMEOUT_S: Final = 0.0
 """A daemon connection with nothing live for this long is closed; 0 never closes one."""
 MANAGEMENT_RESERVE_FDS: Final = 32

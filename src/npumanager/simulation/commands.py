@@ -20,6 +20,7 @@ from typing import Any, Protocol, TextIO
 from npumanager.core.plugins import PluginRegistry
 from npumanager.errors import ConfigError, NpuManagerError
 from npumanager.schemas import DriverCapability, DriverRecord
+from npumanager.simulation.managed import check_policy
 from npumanager.simulation.progress import ProgressBar
 from npumanager.simulation.runner import RunResult, run_direct, run_managed
 from npumanager.simulation.scenario import (
@@ -125,8 +126,8 @@ def demo(ctx: Context, table: Table, default: Path) -> int:
     camera and background apps as real models on this machine."""
     if getattr(ctx.args, "real", False):
         return _play_real(ctx, table)
-    scenario = load_scenario(ctx.args.scenario or default)
-    return _play(ctx, table, scenario, MODES)
+    path = ctx.args.scenario or default
+    return _play(ctx, table, load_scenario(path), MODES, str(path))
 
 
 def simulate(ctx: Context, table: Table) -> int:
@@ -135,9 +136,9 @@ def simulate(ctx: Context, table: Table) -> int:
         return _list(ctx, table)
     if ctx.args.scenario is None:
         raise NpuManagerError("give a scenario file or a shipped scenario's name, or --list")
-    scenario = load_scenario(find_scenario(ctx.args.scenario))
+    path = find_scenario(ctx.args.scenario)
     modes = MODES if ctx.args.mode == "both" else (ctx.args.mode,)
-    return _play(ctx, table, scenario, modes)
+    return _play(ctx, table, load_scenario(path), modes, str(path))
 
 
 def _list(ctx: Context, table: Table) -> int:
@@ -174,9 +175,12 @@ def _check_driver(registry: PluginRegistry, name: str) -> None:
     )
 
 
-def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str]) -> int:
+def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str], origin: str) -> int:
     args = ctx.args
     _check_driver(ctx.registry, args.driver)
+    if "managed" in modes:
+        with _blamed(origin):
+            check_policy(scenario, ctx.registry)
     if args.plot is not None:
         from npumanager.simulation.plot import picture_format, require_matplotlib
 
@@ -185,7 +189,8 @@ def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str]) 
     for path in (args.trace, args.plot):
         if path is not None:
             _check_writable(path)
-    results = _run(ctx, scenario, modes)
+    with _blamed(origin):
+        results = _run(ctx, scenario, modes)
     written = []
     if args.trace is not None:
         from npumanager.telemetry.perfetto import write_trace
@@ -277,6 +282,15 @@ def _run(
     finally:
         bar.finish()
     return results
+
+
+@contextlib.contextmanager
+def _blamed(origin: str) -> Iterator[None]:
+    """An error while a scenario runs is one line starting with its file (`s.toml: app ...`)."""
+    try:
+        yield
+    except NpuManagerError as exc:
+        raise ConfigError(f"{origin}: {exc}") from None
 
 
 @contextlib.contextmanager

@@ -21,6 +21,8 @@ from npumanager.schemas.limits import (
     INT64_MAX,
     MAX_BURST,
     MAX_COST_CYCLES,
+    MAX_DEVICES,
+    MAX_HEAT_STEP_MC,
     MAX_SCENARIO_APP_MS,
     MAX_SCENARIO_APPS,
     MAX_SCENARIO_JOBS,
@@ -44,6 +46,18 @@ def _enum_by_name(enum: Any, value: Any) -> Any:
             allowed = ", ".join(m.name for m in enum)
             raise ValueError(f"must be one of {allowed}; got {value!r}") from None
     return enum(value)
+
+
+class ScenarioRunError(ConfigError):
+    """A scenario that validated but failed while it ran; the message starts with the key or
+    app at fault (`app 'camera': ...`), and the command puts the file in front."""
+
+    @classmethod
+    def at(cls, where: str, error: Exception) -> ScenarioRunError:
+        """`error`, said of `where` (kept as it is if it already names its place)."""
+        if isinstance(error, ScenarioRunError):
+            return error
+        return cls(f"{where}: {error}" if where else str(error))
 
 
 class Work(_Model):
@@ -117,7 +131,7 @@ class Event(_Model):
     app: str | None = None
     importance: Importance | None = None
     device: NonNegative = 0
-    millicelsius: int = 0
+    millicelsius: Annotated[int, Field(ge=-MAX_HEAT_STEP_MC, le=MAX_HEAT_STEP_MC)] = 0
     level: Annotated[int, Field(ge=0, le=2)] = 0
 
     @field_validator("importance", mode="before")
@@ -140,7 +154,9 @@ class Scenario(_Model):
     duration_ms: Annotated[int, Field(gt=0, le=3_600_000)]
     policy: str = "pressure"
     policy_params: dict[str, Any] = Field(default_factory=dict)
-    devices: list[DeviceSpec] = Field(default_factory=lambda: [DeviceSpec()], min_length=1)
+    devices: list[DeviceSpec] = Field(
+        default_factory=lambda: [DeviceSpec()], min_length=1, max_length=MAX_DEVICES
+    )
     apps: list[App] = Field(min_length=1)
     events: list[Event] = Field(default_factory=list)
 
@@ -166,6 +182,11 @@ class Scenario(_Model):
             if event.device >= len(self.devices):
                 raise ValueError(f"event at {event.at_ms} ms names unknown device {event.device}")
         return self
+
+    def event_key(self, index: int) -> str:
+        """How an error names the scenario's event `index`: `events.2 (heat at 500 ms)`."""
+        event = self.events[index]
+        return f"events.{index} ({event.kind} at {event.at_ms} ms)"
 
     def app(self, name: str) -> App:
         """The app of that name."""

@@ -230,15 +230,18 @@ class ResourceRules(SuiteBase):
     def check_numbering(self, driver: Driver, count: int) -> None:
         numbers = [d.number for d in driver.describe_devices()]
         assert numbers == list(range(count)), (
-            f"DeviceNumbering: devices must be numbered from 0; got {numbers}"
+            f"DeviceNumbering: expected {count} devices numbered from 0, {list(range(count))}; "
+            f"got {numbers}"
         )
         models = [self.model(driver, n) for n in range(count)]
         works = [driver.submit(m, uid=1, **self.work(driver, m, 1)) for m in models]
         self.settle(driver)
         events = driver.take_events()
         where = {e.id: e.device_number for e in events}
-        assert where == dict(zip(works, range(count), strict=True)), (
-            f"DeviceNumbering: deviceNumber must be the device the work ran on; got {where}"
+        want = dict(zip(works, range(count), strict=True))
+        assert where == want, (
+            "DeviceNumbering: expected each work's events to name the device it ran on "
+            f"(work id: device) {want}; got {where}"
         )
         with pytest.raises(LookupError):
             driver.load_model(count, weight_bytes=1)

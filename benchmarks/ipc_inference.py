@@ -1,0 +1,176 @@
+"""Real inference through the daemon against the same model run in process, same run.
+
+* overhead: a model built in code (the input summed along its rows: the output is small,
+  so the figure is the cost of moving the input and the round trip) with inputs of 4 KiB
+  and 1 MiB. In process, a `Service` on the onnxruntime driver runs `LoadedModel.run`;
+  through the daemon, `npu-manager serve --driver onnxruntime` in another process and
+  `npumanager.connect()`, the same call. Rounds alternate the two; the overhead of a
+  round is its p50 (p99) less the in-process round's p50 (p99) beside it, and the
+  figure is the median over rounds. Targets: p50 <= 100 us, p99 <= 300 us at 1 MiB.
+* two processes: examples/two_processes/run.py (a foreground app with a 16.7 ms frame
+  beside a background flood, through the daemon and direct). Target: the foreground's
+  managed p99 within 1.5x its solo p99.
+
+Run by benchmarks/ipc.py with the raw Unix-socket echo, or alone:
+python benchmarks/ipc_inference.py [--json] [--quick] [--samples N] [--rounds R] [--seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _report import Progress, Target, print_report
+from onnx import TensorProto, helper
+
+import npumanager as npu
+
+SIZES = {"4kib": 4 << 10, "1mib": 1 << 20}
+WIDTH = 256
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "two_processes" / "run.py"
+
+
+def summing_model() -> bytes:
+    """`y = sum(x, axis=1)` on `x: float32[rows, 256]`: output 1/256 of the input."""
+    node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    graph = helper.make_graph(
+        [node],
+        "sum_rows",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows"])],
+        [axes],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data: bytes = model.SerializeToString()
+    return data
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _loaded(manager: npu.NpuManager) -> npu.LoadedModel:
+    request = npu.ModelLoadRequest.Builder(1).set_size(npu.NPU_MODEL_SIZE_LESS_THAN_1GB).build()
+    lease = manager.reserve(request, timeout_s=30)
+    lease.__enter__()
+    return lease.load_model(model=summing_model())
+
+
+def _round(model: npu.LoadedModel, feeds: dict[str, np.ndarray], samples: int) -> list[float]:
+    times = []
+    for _ in range(samples):
+        start = time.perf_counter_ns()
+        model.run(feeds)
+        times.append((time.perf_counter_ns() - start) / 1000)
+    return times
+
+
+def _serve(path: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "npumanager", "serve", "--driver", "onnxruntime"]
+    daemon = subprocess.Popen([*command, "--socket", str(path), "--log-level", "warning"])
+    deadline = time.monotonic() + 30
+    while not path.exists():
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("the daemon did not start listening within 30 s")
+        time.sleep(0.05)
+    return daemon
+
+
+def overhead(samples: int, rounds: int) -> dict[str, Any]:
+    """Per-size medians over rounds of the daemon's p50/p99 less the in-process ones."""
+    rows: dict[str, list[tuple[float, float, float, float]]] = {size: [] for size in SIZES}
+    service = npu.Service("onnxruntime")
+    with tempfile.TemporaryDirectory() as tmp:
+        daemon = _serve(Path(tmp) / "npu.sock")
+        try:
+            local = _loaded(service.manager(10001, uses_feature=True))
+            remote_manager = npu.connect(Path(tmp) / "npu.sock", uses_feature=True)
+            remote = _loaded(remote_manager)
+            for _ in range(rounds):
+                for size, nbytes in SIZES.items():
+                    feeds = {"x": np.ones((nbytes // (4 * WIDTH), WIDTH), dtype=np.float32)}
+                    assert np.array_equal(local.run(feeds)[0], remote.run(feeds)[0])
+                    here = _round(local, feeds, samples)
+                    there = _round(remote, feeds, samples)
+                    rows[size].append(
+                        (
+                            _percentile(here, 0.5),
+                            _percentile(here, 0.99),
+                            _percentile(there, 0.5),
+                            _percentile(there, 0.99),
+                        )
+                    )
+            remote_manager.close()
+        finally:
+            daemon.terminate()
+            daemon.wait(30)
+            service.close()
+    result: dict[str, Any] = {}
+    for size, figures in rows.items():
+        result[f"in_process_{size}_p50_us"] = round(statistics.median(f[0] for f in figures), 1)
+        result[f"daemon_{size}_p50_us"] = round(statistics.median(f[2] for f in figures), 1)
+        result[f"infer_overhead_{size}_p50_us"] = round(
+            statistics.median(f[2] - f[0] for f in figures), 1
+        )
+        result[f"infer_overhead_{size}_p99_us"] = round(
+            statistics.median(f[3] - f[1] for f in figures), 1
+        )
+    return result
+
+
+def two_processes(seconds: float) -> dict[str, Any]:
+    """The two-process example's figures (its own JSON)."""
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--seconds", str(seconds), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=seconds * 10 + 120,
+    ).stdout
+    figures: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return {f"two_process_{key}": value for key, value in figures.items()}
+
+
+TARGETS = [
+    Target("infer_overhead_1mib_p50_us", "<=", 100, why="issue 16: 1 MiB inputs, p50"),
+    Target("infer_overhead_1mib_p99_us", "<=", 300, why="issue 16: 1 MiB inputs, p99"),
+    Target(
+        "two_process_managed_over_solo_p99", "<=", 1.5, why="issue 16: foreground p99, two apps"
+    ),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the figures with their targets, as one JSON object with `--json`."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="a short, noisy run")
+    parser.add_argument("--samples", type=int, default=500, help="inferences per round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of each kind")
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each example run")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.samples, args.rounds, args.seconds = 100, 1, 0.5
+    progress = Progress("ipc_inference", [args.rounds, 3])
+    progress.step(f"inference through the daemon vs in process, {args.rounds} rounds")
+    result = overhead(args.samples, args.rounds)
+    progress.step(f"the two-process example, 3 runs of {args.seconds:g} s")
+    result |= two_processes(args.seconds)
+    progress.done()
+    print_report(result, TARGETS, as_json=args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,224 @@
+"""The daemon's real-inference calls: attach a segment, load a real model, infer, fetch.
+
+Inputs are arrays over the client's shared segment, checked before they are made; the
+outputs are written into the region the client named, by the worker thread that ran the
+inference, and a `WorkEnded` frame follows on the loop thread. Outputs too large for
+their region are held (at most `MAX_HELD_RESULTS` a connection) for a `fetch`.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from npumanager.checks import group_bytes
+from npumanager.core.dispatch import Task
+from npumanager.core.service import Service
+from npumanager.daemon import protocol as p
+from npumanager.daemon.calls import NO_REPLY, Calls, NoReply
+from npumanager.daemon.connection import Connection
+from npumanager.daemon.frames import clip
+from npumanager.daemon.segment import SharedSegment, read_model_file
+from npumanager.errors import CapacityError, IllegalArgumentError, UnknownWorkError
+from npumanager.schemas import EndReason
+from npumanager.schemas.limits import (
+    DEFAULT_MAX_MODEL_FILE_BYTES,
+    DEFAULT_MAX_SHARED_BYTES,
+    MAX_HELD_RESULTS,
+)
+
+
+class InferenceCalls:
+    """The handlers of the real-inference calls, by message type."""
+
+    def __init__(
+        self,
+        service: Service,
+        calls: Calls,
+        post: Callable[[Task], None],
+        *,
+        max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES,
+        max_model_file_bytes: int = DEFAULT_MAX_MODEL_FILE_BYTES,
+    ) -> None:
+        self.backend = service.backend
+        self.calls = calls
+        self._post = post
+        self.max_shared_bytes = max_shared_bytes
+        self.max_model_file_bytes = max_model_file_bytes
+        self.handlers: dict[type[p.Call], Any] = {
+            p.Attach: self.on_attach,
+            p.LoadRealModel: self.on_load_real,
+            p.Infer: self.on_infer,
+            p.CancelInference: self.on_cancel_infer,
+            p.FetchResult: self.on_fetch,
+        }
+
+    def on_attach(self, connection: Connection, message: p.Attach) -> None:
+        fd = connection.take_descriptor("attach")
+        try:
+            if connection.segment is not None:
+                raise IllegalArgumentError("this connection has a shared segment already")
+            connection.segment = SharedSegment(fd, message.size, self.max_shared_bytes)
+        finally:
+            os.close(fd)
+
+    def on_load_real(self, connection: Connection, message: p.LoadRealModel) -> dict[str, Any]:
+        # The descriptor is taken first, so that one sent with a refused frame is not left
+        # for the next.
+        fd = connection.take_descriptor("load_real") if message.descriptor else None
+        try:
+            if message.descriptor == (message.span is not None):
+                raise IllegalArgumentError(
+                    "load_real takes the model as a descriptor sent with the frame or as a "
+                    "span of the shared segment, exactly one"
+                )
+            request = self.calls.live(connection, message.request_id)
+            connection.check_quota("models")
+            if fd is not None:
+                model = read_model_file(fd, self.max_model_file_bytes)
+            else:
+                assert message.span is not None
+                model = self._segment(connection).bytes_at(message.span)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        manager = self.calls.manager_of(connection)
+        loaded = self.backend.load_real_model(manager, request, model, None, message.sram_bytes)
+        connection.add_model(loaded.handle, request.id)
+        weight = loaded.weight_bytes
+        return {"model": loaded.handle, "device": loaded.device, "weight_bytes": weight}
+
+    def on_infer(self, connection: Connection, message: p.Infer) -> dict[str, Any] | NoReply:
+        segment = self._segment(connection)
+        segment.check(message.out, "the output region")
+        feeds = segment.inputs(message.inputs)
+        model = self.calls.model(connection, message.model)
+        raw = group_bytes(message.group_id.value if message.group_id is not None else None)
+        work = self.backend.submit_inference(
+            model,
+            feeds,
+            message.job_priority,
+            message.original_uid,
+            raw,
+            message.feature_id,
+        )
+        connection.inferences[work.work_id] = message.seq
+        connection.inference_models[work.work_id] = message.model
+        done = _Ended(weakref.ref(connection), segment, message, work.work_id, self._post)
+        work.add_done_callback(done)
+        return {"work_id": work.work_id} if message.ack else NO_REPLY
+
+    def on_cancel_infer(self, connection: Connection, message: p.CancelInference) -> None:
+        for work_id, seq in list(connection.inferences.items()):
+            if seq == message.call_seq:
+                model = connection.inference_models[work_id]
+                cancel = p.CancelWork(seq=message.seq, model=model, work_id=work_id)
+                self.calls.on_cancel_work(connection, cancel)
+                return
+        raise UnknownWorkError(f"call {message.call_seq} is not an inference in flight")
+
+    def on_fetch(self, connection: Connection, message: p.FetchResult) -> dict[str, Any]:
+        segment = self._segment(connection)
+        segment.check(message.out, "the output region")
+        outputs = connection.held.get(message.call_seq)
+        if outputs is None:
+            raise UnknownWorkError(f"no outputs are held for call {message.call_seq}")
+        placed = segment.write(outputs, message.out)
+        if isinstance(placed, int):
+            raise CapacityError(
+                f"the outputs of call {message.call_seq} need {placed} bytes; the region "
+                f"holds {message.out.size}"
+            )
+        del connection.held[message.call_seq]
+        return {"outputs": [out.tensor().model_dump() for out in placed]}
+
+    @staticmethod
+    def _segment(connection: Connection) -> SharedSegment:
+        if connection.segment is None:
+            raise IllegalArgumentError(
+                "this connection has no shared segment: attach one first (op attach)"
+            )
+        return connection.segment
+
+
+class _Ended:
+    """Runs where the work ended (a worker thread, or the loop on a cancel): writes the
+    outputs into the client's region and posts the `WorkEnded` frame to the loop."""
+
+    def __init__(
+        self,
+        connection: weakref.ref[Connection],
+        segment: SharedSegment,
+        message: p.Infer,
+        work_id: int,
+        post: Callable[[Task], None],
+    ) -> None:
+        self.connection = connection
+        self.segment = segment
+        self.out = message.out
+        self.seq = message.seq
+        self.work_id = work_id
+        self.post = post
+
+    def __call__(self, future: Future[Any]) -> None:
+        held: list[np.ndarray] | None = None
+        if future.cancelled():
+            ended = self._frame(EndReason.CANCELLED_SYSTEM)
+        elif (error := future.exception()) is not None:
+            ended = self._frame(
+                EndReason.FAILED, kind=type(error).__name__, message=clip(str(error))
+            )
+        else:
+            outputs = future.result()
+            try:
+                placed = self.segment.write(outputs, self.out)
+            except IllegalArgumentError as exc:
+                ended = self._frame(EndReason.FAILED, kind=type(exc).__name__, message=str(exc))
+            else:
+                if isinstance(placed, int):
+                    held = outputs
+                    ended = self._frame(EndReason.COMPLETED, held_bytes=placed)
+                else:
+                    frame = p.ended_frame(self.seq, self.work_id, [out.json() for out in placed])
+                    if self._send_now(frame):
+                        return
+                    ended = self._frame(EndReason.COMPLETED, outputs=[o.tensor() for o in placed])
+        self.post(lambda: self._deliver(ended, held))
+
+    def _send_now(self, frame: bytes) -> bool:
+        """Send a completion from the worker thread itself when nothing waits before it
+        (one hand-over to the loop less); False when the loop must queue it."""
+        connection = self.connection()
+        if connection is None:
+            return True
+        left = connection.send_now(frame)
+        if left < 0:
+            return False
+        connection.inferences.pop(self.work_id, None)
+        connection.inference_models.pop(self.work_id, None)
+        if left:
+            self.post(lambda: connection.queued_by_worker(left))
+        return True
+
+    def _frame(self, reason: EndReason, **fields: Any) -> p.WorkEnded:
+        return p.WorkEnded(call_seq=self.seq, work_id=self.work_id, reason=int(reason), **fields)
+
+    def _deliver(self, ended: p.WorkEnded, held: list[np.ndarray] | None) -> None:
+        connection = self.connection()
+        if connection is None or connection.closed:
+            return
+        connection.inferences.pop(self.work_id, None)
+        connection.inference_models.pop(self.work_id, None)
+        if ended.reason == EndReason.CANCELLED_SYSTEM and self.work_id in connection.cancelled:
+            connection.cancelled.discard(self.work_id)
+            ended = ended.model_copy(update={"reason": int(EndReason.CANCELLED_USER)})
+        if held is not None:
+            connection.held[self.seq] = held
+            while len(connection.held) > MAX_HELD_RESULTS:
+                del connection.held[next(iter(connection.held))]
+        connection.send(ended)

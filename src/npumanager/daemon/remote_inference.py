@@ -1,0 +1,374 @@
+"""Real inference through the daemon, on the client's side: models by descriptor, tensors in
+the shared segment, each inference a future of its outputs.
+
+`LoadedModel.run` and `submit` call this through the `DaemonClient`, exactly as they call
+the in-process backend: inputs are written into a region of the segment, a small frame
+names them, and the daemon's `WorkEnded` frame says where the outputs are; they are copied
+out (numpy arrays the caller owns) and the region is given back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from npumanager.checks import GroupId, group_bytes
+from npumanager.core.client import LoadedModel, NpuManager
+from npumanager.daemon import protocol as p
+from npumanager.daemon import tensors
+from npumanager.daemon.shared_memory import ClientSegment, sealed_memfd
+from npumanager.errors import IllegalArgumentError, UnknownWorkError
+from npumanager.schemas import EndReason, ModelLoadRequest, NpuUuid
+
+log = logging.getLogger(__name__)
+
+_SMALL_MODEL_BYTES = 1 << 20
+"""Models up to this size travel in the shared segment; larger ones as a memfd."""
+_DEFAULT_OUT_BYTES = 64 << 10
+"""The output room an inference gets before its model's outputs have been seen."""
+
+
+class _Wire(Protocol):
+    timeout_s: float
+
+    def next_seq(self) -> int: ...
+
+    def call(
+        self,
+        kind: type[p.Call],
+        *,
+        seq: int | None = None,
+        fds: list[int] | None = None,
+        **fields: Any,
+    ) -> dict[str, Any] | None: ...
+
+    def error_class(self, kind: str | None) -> type[Exception]: ...
+
+    def send_only(self, kind: type[p.Call], seq: int, **fields: Any) -> None: ...
+
+    def send_frame(self, frame: bytes) -> None: ...
+
+
+class RemoteWork(Future[list[np.ndarray]]):
+    """One inference in the daemon: a future of its outputs; `cancel()` cancels the work
+    there, queued or running, and `work_id` names it in the daemon's events."""
+
+    def __init__(self, owner: RemoteInference, model: int) -> None:
+        super().__init__()
+        self.work_id = -1
+        self.call_seq = -1
+        self._owner = owner
+        self._model = model
+
+    def cancel(self) -> bool:
+        """Cancel the work: True if it ended cancelled, False if it had ended otherwise."""
+        if not self.done():
+            # UnknownWorkError: it ended meanwhile, and its WorkEnded frame came first
+            with contextlib.suppress(UnknownWorkError):
+                if self.work_id >= 0:
+                    self._owner.cancel(self._model, self.work_id)
+                else:
+                    self._owner.cancel_call(self.call_seq)
+        return self.cancelled()
+
+    def ended_cancelled(self) -> None:
+        """The daemon ended the work cancelled (by this client, a revoke or an unload)."""
+        Future.cancel(self)
+        self.set_running_or_notify_cancel()
+
+
+@dataclass
+class _Flight:
+    future: RemoteWork
+    model: int
+    offset: int
+    size: int
+
+
+class RemoteInference:
+    """The client's real-inference state: its segment, and its inferences in flight."""
+
+    def __init__(self, wire: _Wire, shared_bytes: int) -> None:
+        self._wire = wire
+        self.shared_bytes = shared_bytes
+        self._segment: ClientSegment | None = None
+        self._lock = threading.Lock()
+        self._flights: dict[int, _Flight] = {}
+        self._out_bytes: dict[int, int] = {}
+        """The most output bytes each model has needed so far."""
+
+    def segment(self) -> ClientSegment:
+        """The connection's segment, made and attached on first use."""
+        with self._lock:
+            if self._segment is None:
+                segment = ClientSegment(self.shared_bytes)
+                try:
+                    self._wire.call(p.Attach, fds=[segment.fd], size=segment.size)
+                finally:
+                    segment.close_descriptor()
+                self._segment = segment
+            return self._segment
+
+    # Models -----------------------------------------------------------------------------
+
+    def load(
+        self,
+        manager: NpuManager,
+        request: ModelLoadRequest,
+        model: Any,
+        path: str | Path | None,
+        sram_bytes: int,
+    ) -> LoadedModel:
+        """Load a granted request's model in the daemon: a file by its descriptor, bytes in
+        the segment (small) or a memfd."""
+        if (model is None) == (path is None):
+            raise IllegalArgumentError("give exactly one of model= (ONNX bytes) and path=")
+        common = {"request_id": request.id, "sram_bytes": sram_bytes}
+        if path is not None:
+            result = self._load_descriptor(_open_model(path), common)
+        else:
+            data = _model_bytes(model)
+            if len(data) <= _SMALL_MODEL_BYTES:
+                result = self._load_in_segment(data, common)
+            else:
+                result = self._load_descriptor(sealed_memfd("npu-manager-model", data), common)
+        assert result is not None
+        return LoadedModel(
+            manager,
+            request,
+            int(result["model"]),
+            int(result["device"]),
+            weight_bytes=int(result["weight_bytes"]),
+        )
+
+    def _load_descriptor(self, fd: int, common: dict[str, Any]) -> dict[str, Any] | None:
+        try:
+            return self._wire.call(p.LoadRealModel, fds=[fd], descriptor=True, **common)
+        finally:
+            os.close(fd)
+
+    def _load_in_segment(self, data: bytes, common: dict[str, Any]) -> dict[str, Any] | None:
+        segment = self.segment()
+        offset = segment.allocate(len(data), self._wire.timeout_s)
+        try:
+            segment.memory[offset : offset + len(data)] = data
+            span = p.Span(offset=offset, size=len(data))
+            return self._wire.call(p.LoadRealModel, span=span, **common)
+        finally:
+            segment.release(offset, len(data))
+
+    # Inference --------------------------------------------------------------------------
+
+    def submit(
+        self,
+        model: LoadedModel,
+        inputs: Mapping[str, Any],
+        job_priority: int,
+        original_uid: int | None,
+        group_id: GroupId | None,
+        feature_id: str | None,
+        *,
+        ack: bool = True,
+    ) -> RemoteWork:
+        """Write the inputs into a region of the segment and start the inference there;
+        with `ack`, wait until the daemon has queued it (its work id known, a refusal
+        raised here), else return at once (a refusal fails the future)."""
+        arrays = _arrays(inputs)
+        offsets, in_size = tensors.layout([array for _, _, array in arrays])
+        room = max(in_size, self._out_bytes.get(model.handle, _DEFAULT_OUT_BYTES))
+        segment = self.segment()
+        base = segment.allocate(room, self._wire.timeout_s)
+        refs = []
+        for (name, dtype, array), offset in zip(arrays, offsets, strict=True):
+            at = base + offset
+            np.copyto(tensors.view(segment.memory, dtype, array.shape, at), array)
+            refs.append(p.tensor_json(name, dtype, array.shape, at, array.nbytes))
+        raw = group_bytes(group_id)
+        future = RemoteWork(self, model.handle)
+        seq = future.call_seq = self._wire.next_seq()
+        self._flights[seq] = _Flight(future, model.handle, base, room)
+        try:
+            if not ack and raw is None and original_uid is None and feature_id is None:
+                out = (base, room)
+                self._wire.send_frame(
+                    p.infer_frame(seq, model.handle, refs, out, ack, job_priority)
+                )
+                return future
+            fields: dict[str, Any] = {
+                "model": model.handle,
+                "inputs": [p.Tensor.model_validate_json(ref) for ref in refs],
+                "out": p.Span(offset=base, size=room),
+                "job_priority": job_priority,
+                "original_uid": original_uid,
+                "group_id": None if raw is None else NpuUuid(value=raw),
+                "feature_id": feature_id,
+                "ack": ack,
+            }
+            if not ack:
+                self._wire.send_only(p.Infer, seq, **fields)
+                return future
+            result = self._wire.call(p.Infer, seq=seq, **fields)
+        except BaseException:
+            flight = self._flights.pop(seq, None)
+            if flight is not None:
+                segment.release(base, room)
+            raise
+        assert result is not None
+        if future.work_id < 0:
+            future.work_id = int(result["work_id"])
+        return future
+
+    def run(
+        self,
+        model: LoadedModel,
+        inputs: Mapping[str, Any],
+        job_priority: int,
+        timeout: float | None,
+    ) -> list[np.ndarray]:
+        """One inference's outputs; after `timeout` seconds it is cancelled and
+        `TimeoutError` raised."""
+        future = self.submit(model, inputs, job_priority, None, None, None, ack=False)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"work {future.work_id} did not end within {timeout} s") from None
+
+    def cancel(self, model: int, work_id: int) -> None:
+        """Cancel one of this client's inferences in the daemon."""
+        self._wire.call(p.CancelWork, model=model, work_id=work_id)
+
+    def cancel_call(self, call_seq: int) -> None:
+        """Cancel the inference of call `call_seq`, whose work id is not known yet."""
+        self._wire.call(p.CancelInference, call_seq=call_seq)
+
+    # Frames from the daemon (the reader thread) -----------------------------------------
+
+    def ended(self, message: p.WorkEnded) -> None:
+        """An inference ended: its outputs copied out, its region given back."""
+        flight = self._flights.pop(message.call_seq, None)
+        if flight is None:
+            log.warning("the daemon ended call %d, which is not in flight", message.call_seq)
+            return
+        future, segment = flight.future, self._segment
+        assert segment is not None
+        future.work_id = message.work_id
+        try:
+            if message.reason == EndReason.COMPLETED and message.outputs is not None:
+                outputs = _copy_out(segment, message.outputs)
+                self._learn(flight.model, message.outputs)
+            elif message.reason == EndReason.COMPLETED:
+                segment.release(flight.offset, flight.size)
+                flight.size = 0
+                outputs = self._fetch(flight, message)
+            elif message.reason in (EndReason.CANCELLED_USER, EndReason.CANCELLED_SYSTEM):
+                future.ended_cancelled()
+                return
+            else:
+                error = self._wire.error_class(message.kind)
+                future.set_exception(error(message.message or "the inference failed"))
+                return
+        except Exception as exc:
+            future.set_exception(exc)
+            return
+        finally:
+            if flight.size:
+                segment.release(flight.offset, flight.size)
+        future.set_result(outputs)
+
+    def _fetch(self, flight: _Flight, message: p.WorkEnded) -> list[np.ndarray]:
+        """Outputs the daemon held (too large for the region): fetched into a new one."""
+        need = message.held_bytes or 0
+        self._out_bytes[flight.model] = max(self._out_bytes.get(flight.model, 0), need)
+        segment = self._segment
+        assert segment is not None
+        offset = segment.allocate(need, 0)
+        try:
+            result = self._wire.call(
+                p.FetchResult, call_seq=message.call_seq, out=p.Span(offset=offset, size=need)
+            )
+            assert result is not None
+            refs = [p.Tensor.model_validate(ref) for ref in result["outputs"]]
+            return _copy_out(segment, refs)
+        finally:
+            segment.release(offset, need)
+
+    def _learn(self, model: int, refs: list[p.Tensor]) -> None:
+        if refs:
+            end = max(ref.offset + ref.nbytes for ref in refs) - min(ref.offset for ref in refs)
+            if end > self._out_bytes.get(model, 0):
+                self._out_bytes[model] = tensors.aligned(end)
+
+    def refused(self, seq: int, error: Exception) -> bool:
+        """An inference sent without `ack` was refused: its future fails. False if `seq`
+        is not one of them."""
+        flight = self._flights.pop(seq, None)
+        if flight is None:
+            return False
+        if self._segment is not None:
+            self._segment.release(flight.offset, flight.size)
+        flight.future.set_exception(error)
+        return True
+
+    def lost(self, error: Exception) -> None:
+        """The connection is gone: every inference in flight fails with `error`."""
+        for seq in list(self._flights):
+            flight = self._flights.pop(seq, None)
+            if flight is not None and not flight.future.done():
+                flight.future.set_exception(error)
+
+
+def _open_model(path: str | Path) -> int:
+    try:
+        return os.open(os.fspath(path), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise IllegalArgumentError(
+            f"cannot open the model file {path}: {exc.strerror or exc}"
+        ) from None
+
+
+def _model_bytes(model: Any) -> bytes:
+    if isinstance(model, bytes | bytearray | memoryview):
+        return bytes(model)
+    serialize = getattr(model, "SerializeToString", None)
+    if callable(serialize):
+        data = serialize()
+        if isinstance(data, bytes):
+            return data
+    raise IllegalArgumentError(
+        f"through the daemon a model is ONNX bytes, an onnx.ModelProto or path=; "
+        f"got {type(model).__name__}"
+    )
+
+
+def _arrays(inputs: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]:
+    """Each input's name, wire dtype and C-contiguous array."""
+    if not isinstance(inputs, Mapping):
+        raise IllegalArgumentError(f"inputs must be a mapping of name to array; got {inputs!r:.60}")
+    arrays = []
+    for name, value in inputs.items():
+        if not isinstance(name, str):
+            raise IllegalArgumentError(f"input names are str; got {name!r}")
+        array = np.ascontiguousarray(value)
+        arrays.append((name, tensors.dtype_name(array), array))
+    return arrays
+
+
+def _copy_out(segment: ClientSegment, refs: list[p.Tensor]) -> list[np.ndarray]:
+    outputs = []
+    for ref in refs:
+        tensors.check_tensor(ref.name, ref.dtype, ref.shape, ref.offset, ref.nbytes, segment.size)
+        outputs.append(tensors.view(segment.memory, ref.dtype, ref.shape, ref.offset).copy())
+    return outputs
+
+
+__all__ = ["RemoteInference", "RemoteWork"]

@@ -1,0 +1,169 @@
+"""The benchmark scripts print their targets beside their figures and progress on stderr.
+
+The shared module (`benchmarks/_report.py`) is tested on its own; each script that uses
+it is run in its `--quick` mode, as JSON and as a table. No figure's size is asserted
+(tests never judge wall-clock time), only that every target is judged and shown.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+SCRIPTS = [
+    "admission",
+    "daemon_attacks",
+    "fairness",
+    "ipc",
+    "ipc_inference",
+    "telemetry",
+    "vnpu_throughput",
+]
+QUICK_ARGS = {"daemon_attacks": ["--attacks", "no_read"]}
+"""One attack beside the quiet rounds and the control keeps the daemon benchmark short."""
+PROGRESS_LINE = re.compile(r"^[^:]+: (\d+)/(\d+) .+, \d+ s so far(, about \d+ s left)?$")
+
+
+def load_report() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("_report", BENCHMARKS / "_report.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["_report"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+report = load_report()
+
+
+def test_a_target_judges_its_figure_with_each_operator() -> None:
+    target = report.Target
+    assert target("x", "<=", 50).met(50) is True
+    assert target("x", "<=", 50).met(50.5) is False
+    assert target("x", "<", 10).met(10) is False
+    assert target("x", ">=", 0.9).met(0.9) is True
+    assert target("x", ">", 5).met(5) is False
+    assert target("x", "within", 45, 55).met(55) is True
+    assert target("x", "within", 45, 55).met(44.9) is False
+    assert target("x", "<=", 3).met(None) is None
+    assert target("x", "<=", 3).met(True) is None
+    assert target("x", "within", 45, 55).text == "45..55"
+    assert target("x", ">=", 5_000_000).text == ">= 5,000,000"
+    with pytest.raises(ValueError, match="op must be one of <=, <, >=, >, within"):
+        target("x", "==", 1)
+    with pytest.raises(ValueError, match="`upper` goes with op 'within' only"):
+        target("x", "<=", 1, 2)
+
+
+def test_json_carries_a_targets_object_with_values_and_verdicts() -> None:
+    result = {"budget": {"p99_us": {"10000": 29.2}}, "growth": 4.0}
+    targets = [
+        report.Target("budget.p99_us.10000", "<=", 50, why="issue 4"),
+        report.Target("growth", "<=", 3),
+        report.Target("absent", ">=", 1),
+    ]
+    out = io.StringIO()
+    report.print_report(result, targets, as_json=True, out=out)
+    printed = json.loads(out.getvalue())
+    assert printed["budget"] == result["budget"]
+    assert printed["targets"] == {
+        "budget.p99_us.10000": {"target": "<= 50", "value": 29.2, "met": True, "why": "issue 4"},
+        "growth": {"target": "<= 3", "value": 4.0, "met": False, "why": ""},
+        "absent": {"target": ">= 1", "value": None, "met": None, "why": ""},
+    }
+
+
+def test_the_table_puts_each_target_and_verdict_beside_its_figure() -> None:
+    result = {"budget": {"p99_us": {"10000": 29.2}}, "growth": 4.0, "other": [1, 2]}
+    targets = [
+        report.Target("budget.p99_us.10000", "<=", 50),
+        report.Target("growth", "<=", 3),
+        report.Target("absent", ">=", 1),
+    ]
+    lines = report.table(result, targets).splitlines()
+    assert lines[0].split() == ["FIGURE", "VALUE", "TARGET"]
+    assert lines[1].split() == ["budget.p99_us.10000", "29.2", "<=", "50", "met"]
+    assert lines[2].split() == ["growth", "4", "<=", "3", "MISSED"]
+    assert lines[3].split() == ["other", "[1,", "2]"]
+    assert lines[4].split() == ["absent", "-", ">=", "1", "not", "measured"]
+    assert lines[5] == "targets: 1 met, 1 missed, 1 not measured"
+
+
+def test_progress_counts_steps_and_estimates_from_their_weights() -> None:
+    now = [0.0]
+    stream = io.StringIO()
+    progress = report.Progress("what", [1, 3], stream=stream, clock=lambda: now[0])
+    progress.step("first")
+    now[0] = 2.0
+    progress.step("second")
+    now[0] = 8.0
+    progress.done()
+    assert stream.getvalue().splitlines() == [
+        "what: 1/2 first, 0 s so far",
+        "what: 2/2 second, 2 s so far, about 6 s left",
+        "what: done in 8 s",
+    ]
+
+
+def quick(script: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, str(BENCHMARKS / f"{script}.py"), "--quick", *extra]
+    if script in QUICK_ARGS:
+        argv += QUICK_ARGS[script]
+    if script == "daemon_attacks" and os.geteuid() != 0:
+        pytest.skip("the attackers' own uids need root")
+    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def check_progress(stderr: str) -> None:
+    """Every step as `what: i/n label, T so far, about T left`, then `done in`."""
+    lines = stderr.splitlines()
+    steps = [PROGRESS_LINE.match(line) for line in lines[:-1]]
+    assert all(steps), stderr
+    counts = [(int(m[1]), int(m[2])) for m in steps if m]
+    assert counts == [(i, counts[0][1]) for i in range(1, counts[0][1] + 1)]
+    assert all(m[3] for m in steps[1:] if m), "every step after the first has an estimate"
+    assert re.fullmatch(r"[^:]+: done in \d+ s", lines[-1])
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_json_holds_every_target_beside_its_figure_and_progress_is_on_stderr(
+    script: str,
+) -> None:
+    result = quick(script, "--json")
+    printed: dict[str, Any] = json.loads(result.stdout)  # one object: no progress in it
+    targets = printed["targets"]
+    assert targets
+    for figure, judged in targets.items():
+        assert judged["value"] == report.lookup(printed, figure), figure
+        assert judged["target"] and judged["why"]
+        if judged["value"] is None:
+            assert judged["met"] is None
+        else:
+            assert isinstance(judged["met"], bool), figure
+    check_progress(result.stderr)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_table_shows_each_target_and_verdict_on_its_figures_row(script: str) -> None:
+    result = quick(script)
+    rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:-1]}
+    summary = result.stdout.splitlines()[-1]
+    assert re.fullmatch(r"targets: \d+ met, \d+ missed(, \d+ not measured)?", summary)
+    judged = [row for row in rows.values() if row.endswith(("met", "MISSED", "not measured"))]
+    assert judged
+    for row in judged:
+        assert re.search(r"  (<=|<|>=|>) [\d,.]+  |  [\d.]+\.\.[\d.]+  ", row), row
+    check_progress(result.stderr)

@@ -1,0 +1,510 @@
+"""Real inference through `npu-manager serve --driver onnxruntime`, across real processes.
+
+Every app is a child process with its own uid (tests/daemon_child.py); models go to the
+daemon as descriptors the app opened, tensors through the app's sealed memfd. The test
+process, as root, is the management client that reads `info`, and a raw client for the
+refusals a well-behaved app never provokes.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import npumanager as npu
+from daemon_support import (
+    BACKGROUND_UID,
+    FOREGROUND_UID,
+    SOCKET_GID,
+    Child,
+    DaemonProcess,
+    open_socket_dir,
+)
+from npumanager.daemon import protocol as p
+from npumanager.daemon.shared_memory import sealed_memfd
+from npumanager.schemas import ModelLoadStatus
+
+pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="giving client processes their own uids needs root"
+)
+
+from npumanager.vendor_drivers.realexec.chain import chain_model  # noqa: E402
+
+DAEMON_UID = 20060
+"""The uid of a daemon that runs unprivileged (it cannot read the apps' private files)."""
+SETPRIV = ("setpriv", "--clear-groups")
+CAN_LOAD_NOW = int(ModelLoadStatus.CAN_LOAD_NOW)
+LONG_ROWS = 120_000
+"""Rows of an inference that runs for a second or more here (123 MB: it fits the children's
+256 MiB segment)."""
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    directory = open_socket_dir()
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def model_file(socket_dir: Path) -> Path:
+    path = socket_dir / "chain.onnx"
+    path.write_bytes(chain_model())
+    path.chmod(0o644)
+    return path
+
+
+@pytest.fixture
+def start(socket_dir: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    daemons: list[DaemonProcess] = []
+    children: list[Child] = []
+
+    def start_daemon(*args: str) -> DaemonProcess:
+        daemon = DaemonProcess(
+            socket_dir, "--socket-group", str(SOCKET_GID), "--driver", "onnxruntime", *args
+        )
+        daemon.children = children  # type: ignore[attr-defined]
+        daemons.append(daemon)
+        return daemon
+
+    yield start_daemon
+    for child in children:
+        child.close()
+    for daemon in daemons:
+        if daemon.alive:
+            assert daemon.stop() == 0, daemon.log()
+        assert "Traceback" not in daemon.log(), daemon.log()
+
+
+def app(daemon: DaemonProcess, uid: int) -> Child:
+    child = Child(daemon.socket, uid)
+    daemon.children.append(child)  # type: ignore[attr-defined]
+    assert "ready" in child.hello, child.hello
+    return child
+
+
+def granted(child: Child, request_id: int = 1) -> None:
+    child.ok("request", id=request_id, size=0)
+    assert child.event("decision", request_id)["status"] == CAN_LOAD_NOW
+
+
+def loaded_app(daemon: DaemonProcess, uid: int, model_file: Path) -> Child:
+    child = app(daemon, uid)
+    granted(child)
+    child.ok("real_load", id=1, path=str(model_file))
+    return child
+
+
+def in_process_digest(rows: int, value: float) -> dict[str, Any]:
+    """The same model and inputs run in process, as the child digests its outputs."""
+    service = npu.Service("onnxruntime")
+    try:
+        manager = service.manager(FOREGROUND_UID, uses_feature=True)
+        request = npu.ModelLoadRequest.Builder(1).set_size(0).build()
+        with manager.reserve(request, timeout_s=10) as lease:
+            model = lease.load_model(model=chain_model())
+            x = np.full((rows, 256), value, dtype=np.float32)
+            outputs = model.run({"x": x})
+    finally:
+        service.close()
+    return {
+        "shapes": [list(o.shape) for o in outputs],
+        "dtypes": [str(o.dtype) for o in outputs],
+        "sha256": hashlib.sha256(b"".join(o.tobytes() for o in outputs)).hexdigest(),
+    }
+
+
+def info(daemon: DaemonProcess) -> dict[str, Any]:
+    with npu.DaemonClient(daemon.socket) as client:
+        return client.info()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "the condition did not hold in time"
+        time.sleep(0.05)
+
+
+def test_two_apps_run_real_models_through_one_daemon_with_in_process_outputs(
+    start: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon = start()
+    foreground = loaded_app(daemon, FOREGROUND_UID, model_file)
+    background = loaded_app(daemon, BACKGROUND_UID, model_file)
+    background.ok("real_flood", id=1, rows=256)
+    expected = in_process_digest(rows=8, value=0.25)
+    for _ in range(5):
+        assert foreground.ok("real_run", id=1, rows=8, value=0.25) == expected
+    assert background.ok("real_run", id=1, rows=8, value=0.25) == expected
+    devices = info(daemon)["devices"]
+    weights = len(chain_model()) - 1000  # the weights are most of the file
+    assert devices[0]["models_loaded"] == 2
+    assert devices[0]["weight_memory_used_bytes"] >= 2 * weights
+
+
+def test_a_model_only_the_app_can_read_is_loaded_through_its_descriptor(
+    socket_dir: Path, model_file: Path
+) -> None:
+    private = socket_dir / "private"
+    private.mkdir(mode=0o700)
+    secret = private / "model.onnx"
+    shutil.copy(model_file, secret)
+    secret.chmod(0o600)
+    os.chown(private, FOREGROUND_UID, FOREGROUND_UID)
+    os.chown(secret, FOREGROUND_UID, FOREGROUND_UID)
+    os.chown(socket_dir, DAEMON_UID, SOCKET_GID)
+    probe = subprocess.run(
+        [*SETPRIV, f"--reuid={DAEMON_UID}", f"--regid={SOCKET_GID}", "cat", str(secret)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert probe.returncode != 0 and "Permission denied" in probe.stderr  # the daemon's uid cannot
+    daemon = DaemonProcess(
+        socket_dir,
+        "--socket-group",
+        str(SOCKET_GID),
+        "--driver",
+        "onnxruntime",
+        user=(DAEMON_UID, SOCKET_GID),
+    )
+    child = Child(daemon.socket, FOREGROUND_UID)
+    try:
+        granted(child)
+        result = child.ok("real_load", id=1, path=str(secret))
+        assert result["weight_bytes"] > 0
+        assert child.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+    finally:
+        child.close()
+        assert daemon.stop() == 0, daemon.log()
+    assert "Traceback" not in daemon.log()
+
+
+def test_a_killed_app_frees_its_models_and_memory_and_its_running_work_ends(
+    start: Callable[..., DaemonProcess], socket_dir: Path, model_file: Path
+) -> None:
+    events = socket_dir / "events.jsonl"
+    daemon = start("--sink", f"jsonl:path={events},debounce_duration_ms=10")
+    foreground = loaded_app(daemon, FOREGROUND_UID, model_file)
+    background = loaded_app(daemon, BACKGROUND_UID, model_file)
+    used_by_one = info(daemon)["devices"][0]["weight_memory_used_bytes"] // 2
+    work_id = background.ok("real_submit", id=1, rows=LONG_ROWS)
+    wait_for(lambda: any(d["running"] for d in info(daemon)["devices"]))
+    background.kill9()
+
+    def freed() -> bool:
+        document = info(daemon)
+        device = document["devices"][0]
+        return (
+            device["models_loaded"] == 1
+            and device["weight_memory_used_bytes"] == used_by_one
+            and device["running"] == 0
+            and [c["uid"] for c in document["clients"] if c["uid"]] == [FOREGROUND_UID]
+        )
+
+    wait_for(freed)
+
+    def ended() -> list[dict[str, Any]]:
+        if not events.exists():
+            return []
+        lines = [json.loads(line) for line in events.read_text().splitlines() if line]
+        return [
+            e
+            for e in lines
+            if e.get("kind") == "ENDED"
+            and e.get("uid") == BACKGROUND_UID
+            and e.get("id") == work_id
+        ]
+
+    wait_for(lambda: bool(ended()))
+    assert ended()[0]["reason"] == "CANCELLED_SYSTEM"
+    assert foreground.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+
+
+def test_cancel_timeout_and_errors_cross_the_wire_with_their_class(
+    start: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon = start()
+    child = loaded_app(daemon, FOREGROUND_UID, model_file)
+    work_id = child.ok("real_submit", id=1, rows=LONG_ROWS)
+    assert child.ok("real_cancel", work_id=work_id) == {"cancel": True, "cancelled": True}
+    assert child.ok("real_result", work_id=work_id) == {"raised": "CancelledError"}
+    timed_out = child.send("real_run", id=1, rows=LONG_ROWS, run_timeout=0.05)
+    assert timed_out.get("error") == "TimeoutError", timed_out
+    wrong = child.send("real_run", id=1, rows=4, width=100)
+    assert wrong["error"] == "IllegalArgumentError" and "x: float32[?, 256]" in wrong["message"]
+    wait_for(lambda: info(daemon)["devices"][0]["running"] == 0)
+    assert child.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+
+
+class RawApp:
+    """The test process as a client that also sends frames a real app never would."""
+
+    def __init__(self, daemon: DaemonProcess, shared_bytes: int = 1 << 20) -> None:
+        self.client = npu.DaemonClient(daemon.socket, uses_feature=True, shared_bytes=shared_bytes)
+        self.manager = self.client.manager()
+
+    def granted_model(self, model_file: Path, request_id: int = 1) -> npu.LoadedModel:
+        request = npu.ModelLoadRequest.Builder(request_id).set_size(0).build()
+        lease = self.manager.reserve(request, timeout_s=10)
+        lease.__enter__()
+        return lease.load_model(path=str(model_file))
+
+    def infer(self, model: int, inputs: list[dict[str, Any]], out: tuple[int, int]) -> Any:
+        segment = self.client._inference.segment()
+        assert segment.size > 0
+        tensors = [p.Tensor.model_validate(t) for t in inputs]
+        return self.client.call(
+            p.Infer, model=model, inputs=tensors, out=p.Span(offset=out[0], size=out[1])
+        )
+
+    def raw_infer(self, body: dict[str, Any]) -> Any:
+        """An infer frame as given (it may be one pydantic would not build)."""
+        seq = self.client.next_seq()
+        frame = json.dumps({"op": "infer", "seq": seq, **body}).encode()
+        with pytest.raises(npu.NpuManagerError) as caught:
+            pending = self.client._pending
+            from npumanager.daemon.client import _Pending
+
+            pending[seq] = waiting = _Pending()
+            self.client._sock.sendall(struct.pack(">I", len(frame)) + frame)
+            assert waiting.wait(10)
+            if waiting.error is not None:
+                raise waiting.error
+        return caught.value
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def x_tensor(offset: int = 0, rows: int = 4, nbytes: int | None = None) -> dict[str, Any]:
+    return {
+        "name": "x",
+        "dtype": "float32",
+        "shape": [rows, 256],
+        "offset": offset,
+        "nbytes": rows * 256 * 4 if nbytes is None else nbytes,
+    }
+
+
+@pytest.mark.parametrize(
+    ("inputs", "out", "error"),
+    [
+        ([x_tensor(offset=(1 << 20) - 64)], (0, 4096), "outside the shared segment"),
+        ([x_tensor(nbytes=64)], (0, 4096), "says 64 bytes, but float32[4, 256] holds 4096"),
+        ([x_tensor(rows=1 << 20)], (0, 4096), "outside the shared segment"),
+        ([x_tensor(offset=2)], (0, 4096), "not a multiple of its item size 4"),
+        ([x_tensor()], ((1 << 20) - 10, 4096), "the output region"),
+        ([x_tensor(), x_tensor()], (0, 4096), "given twice"),
+        ([{**x_tensor(), "name": "y"}], (0, 4096), "inputs must be exactly {x: float32[?, 256]}"),
+    ],
+    ids=["offset", "lying-bytes", "lying-shape", "misaligned", "out-region", "twice", "name"],
+)
+def test_tensor_frames_out_of_bounds_or_lying_are_refused_and_the_connection_stays(
+    start: Callable[..., DaemonProcess],
+    model_file: Path,
+    inputs: list[dict[str, Any]],
+    out: tuple[int, int],
+    error: str,
+) -> None:
+    daemon = start()
+    raw = RawApp(daemon)
+    try:
+        model = raw.granted_model(model_file)
+        with pytest.raises(npu.IllegalArgumentError, match=re.escape(error)):
+            raw.infer(model.handle, inputs, out)
+        x = np.full((4, 256), 0.5, dtype=np.float32)
+        (y,) = model.run({"x": x})
+        assert y.shape == (4, 256)
+    finally:
+        raw.close()
+
+
+def test_malformed_tensor_frames_get_an_error_reply(
+    start: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon = start()
+    raw = RawApp(daemon)
+    try:
+        model = raw.granted_model(model_file)
+        raw.client._inference.segment()
+        for tensor in ({**x_tensor(), "dtype": "complex64"}, {**x_tensor(), "offset": -4}):
+            body = {"model": model.handle, "inputs": [tensor], "out": {"offset": 0, "size": 64}}
+            error = raw.raw_infer(body)
+            assert isinstance(error, npu.IllegalArgumentError), error
+            assert "invalid frame: infer.inputs.0" in str(error)
+        (y,) = model.run({"x": np.zeros((2, 256), dtype=np.float32)})
+        assert y.shape == (2, 256)
+    finally:
+        raw.close()
+
+
+def send_with_descriptor(
+    client: npu.DaemonClient, kind: type[p.Call], fd: int, **fields: Any
+) -> Any:
+    return client.call(kind, fds=[fd], **fields)
+
+
+def test_segments_and_descriptors_that_are_not_what_they_claim_are_refused(
+    start: Callable[..., DaemonProcess], model_file: Path, socket_dir: Path
+) -> None:
+    daemon = start("--max-shared-mib", "4", "--driver-option", "capacity_bytes=1048576")
+    raw = RawApp(daemon, shared_bytes=8 << 20)
+    try:
+        with pytest.raises(npu.CapacityError, match=r"1\.\.4194304 bytes"):
+            raw.client._inference.segment()
+        unsealed = os.memfd_create("unsealed")
+        os.ftruncate(unsealed, 4096)
+        with pytest.raises(npu.IllegalArgumentError, match="sealed against shrinking"):
+            send_with_descriptor(raw.client, p.Attach, unsealed, size=4096)
+        os.close(unsealed)
+        with (
+            open(model_file, "rb") as plain,
+            pytest.raises(npu.IllegalArgumentError, match="must be a memfd sealed"),
+        ):
+            send_with_descriptor(
+                raw.client, p.Attach, plain.fileno(), size=model_file.stat().st_size
+            )
+        with pytest.raises(npu.IllegalArgumentError, match="needs a descriptor"):
+            raw.client.call(p.Attach, size=4096)
+        request = npu.ModelLoadRequest.Builder(1).set_size(0).build()
+        lease = raw.manager.reserve(request, timeout_s=10)
+        lease.__enter__()
+        with (
+            open("/etc/passwd", "rb") as text,
+            pytest.raises(npu.IllegalArgumentError, match="not an ONNX model"),
+        ):
+            send_with_descriptor(
+                raw.client, p.LoadRealModel, text.fileno(), request_id=1, descriptor=True
+            )
+        with pytest.raises(npu.CapacityError, match="do not fit on device 0"):
+            lease.load_model(path=str(model_file))
+        device = info(daemon)["devices"][0]
+        assert device["models_loaded"] == 0 and device["weight_memory_used_bytes"] == 0
+        pipe_r, pipe_w = os.pipe()
+        with pytest.raises(npu.IllegalArgumentError, match="not a regular file"):
+            send_with_descriptor(raw.client, p.LoadRealModel, pipe_r, request_id=1, descriptor=True)
+        os.close(pipe_r)
+        os.close(pipe_w)
+        fine = sealed_memfd("fine", size=4096)
+        send_with_descriptor(raw.client, p.Attach, fine, size=4096)
+        os.close(fine)
+        assert info(daemon)["clients"][0]["shared_bytes"] == 4096
+    finally:
+        raw.close()
+
+
+def test_descriptors_sent_ahead_past_the_limit_close_only_that_connection(
+    start: Callable[..., DaemonProcess],
+) -> None:
+    daemon = start()
+    before = daemon.open_descriptors()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(daemon.socket))
+    hello = p.encode(p.Hello(version=p.PROTOCOL_VERSION))
+    sock.sendall(hello)
+    fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(3)]
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+    for _ in range(2):
+        sock.sendmsg([b"\0"], rights)
+    sock.settimeout(10)
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    assert b"descriptors were sent ahead" in received
+    sock.close()
+    for fd in fds:
+        os.close(fd)
+    wait_for(lambda: daemon.open_descriptors() <= before)
+    assert info(daemon)["daemon"]["protocol_errors"] >= 1
+
+
+def test_a_client_of_the_old_protocol_gets_a_clear_error(
+    start: Callable[..., DaemonProcess],
+) -> None:
+    daemon = start()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(daemon.socket))
+    sock.sendall(p.encode(p.Hello(version=1)))
+    sock.settimeout(10)
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    sock.close()
+    (body,) = list(p.FrameReader().feed(received))
+    error = p.parse_daemon(body)
+    assert isinstance(error, p.Error)
+    assert (
+        f"protocol version 1 is not supported; this daemon speaks version {p.PROTOCOL_VERSION}"
+        in (error.message)
+    )
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_block(heading: str) -> str:
+    """The first python block of the README after `heading`."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(heading) :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("```", start)]
+
+
+@pytest.fixture
+def model_onnx(model_file: Path) -> Path:
+    shutil.copy(model_file, model_file.with_name("model.onnx"))
+    return model_file
+
+
+def test_the_readmes_daemon_inference_example_runs_against_a_real_daemon(
+    start: Callable[..., DaemonProcess], model_onnx: Path
+) -> None:
+    daemon = start()
+    code = readme_block("### Real inference through the daemon")
+    code += "\nassert y.shape == (8, 256) and future.result(10)[0].shape == (8, 256)\n"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=model_onnx.parent,  # its model.onnx
+        env={**os.environ, "NPUMANAGER_SOCKET": str(daemon.socket)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_two_process_example_prints_every_figure() -> None:
+    example = ROOT / "examples" / "two_processes" / "run.py"
+    done = subprocess.run(
+        [sys.executable, str(example), "--seconds", "0.5", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["separate_uids"] is True
+    for run in ("solo", "managed", "direct"):
+        assert 0 < figures[f"fg_{run}_p50_ms"] <= figures[f"fg_{run}_p99_ms"]
+    assert figures["bg_managed_per_s"] > 0 and figures["bg_direct_per_s"] > 0
+    assert "bg_solo_per_s" not in figures
