@@ -358,6 +358,8 @@ def test_the_limits_table_gives_the_limits_the_code_has() -> None:
         f"| {lim.DEFAULT_MAX_REQUESTS_PER_UID} | `--max-requests-per-uid N` |",
         f"| {lim.DEFAULT_MAX_MODELS_PER_UID} | `--max-models-per-uid N` |",
         f"| {lim.DEFAULT_MAX_BUFFERED_BYTES >> 20} MiB | `--max-buffered-mib MIB` |",
+        f"| {lim.DEFAULT_MAX_SHARED_BYTES >> 20} MiB | `--max-shared-mib MIB` |",
+        f"| {lim.DEFAULT_MAX_MODEL_FILE_BYTES >> 20} MiB | `--max-model-mib MIB` |",
         f"{lim.MANAGEMENT_RESERVE_FDS} kept for management",
         f"within {lim.HELLO_TIMEOUT_S:g} s",
         f"at {lim.OUTBOX_PAUSE_BYTES >> 10} KiB",
