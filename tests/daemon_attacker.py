@@ -84,7 +84,8 @@ def connections(path: str, count: int, per: int, held: Held, report: Report) -> 
             answer = None
         if answer is None or answer.get("op") != "welcome":
             refused += 1
-            report.setdefault("refusal", answer)
+            if answer is not None:  # None: the refusal closed the socket before it was read
+                report.setdefault("refusal", answer)
             continue
         held.append(sock)
     report.update(held=len(held), refused=refused)

@@ -50,6 +50,8 @@ DAEMON_UID = 20060
 """The uid of a daemon that runs unprivileged (it cannot read the apps' private files)."""
 SETPRIV = ("setpriv", "--clear-groups")
 CAN_LOAD_NOW = int(ModelLoadStatus.CAN_LOAD_NOW)
+BIG_SIDE = 6144
+"""The weight of a model that takes a second or more to open here (144 MiB)."""
 LONG_ROWS = 120_000
 """Rows of an inference that runs for a second or more here (123 MB: it fits the children's
 256 MiB segment)."""
@@ -111,9 +113,9 @@ def loaded_app(daemon: DaemonProcess, uid: int, model_file: Path) -> Child:
     return child
 
 
-def in_process_digest(rows: int, value: float) -> dict[str, Any]:
+def in_process_digest(rows: int, value: float, driver: str = "onnxruntime") -> dict[str, Any]:
     """The same model and inputs run in process, as the child digests its outputs."""
-    service = npu.Service("onnxruntime")
+    service = npu.Service(driver)
     try:
         manager = service.manager(FOREGROUND_UID, uses_feature=True)
         request = npu.ModelLoadRequest.Builder(1).set_size(0).build()
@@ -135,6 +137,12 @@ def info(daemon: DaemonProcess) -> dict[str, Any]:
         return client.info()
 
 
+def segments_mapped(daemon: DaemonProcess) -> int:
+    """How many clients' tensor segments the daemon has mapped (from its memory map)."""
+    maps = Path(f"/proc/{daemon.process.pid}/maps").read_text()
+    return len({line.split()[4] for line in maps.splitlines() if "npu-manager-tensors" in line})
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -142,14 +150,16 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 20) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("driver", ["onnxruntime", "openvino"])
 def test_two_apps_run_real_models_through_one_daemon_with_in_process_outputs(
-    start: Callable[..., DaemonProcess], model_file: Path
+    start: Callable[..., DaemonProcess], model_file: Path, driver: str
 ) -> None:
-    daemon = start()
+    pytest.importorskip(driver)
+    daemon = start("--driver", driver)
     foreground = loaded_app(daemon, FOREGROUND_UID, model_file)
     background = loaded_app(daemon, BACKGROUND_UID, model_file)
     background.ok("real_flood", id=1, rows=256)
-    expected = in_process_digest(rows=8, value=0.25)
+    expected = in_process_digest(rows=8, value=0.25, driver=driver)
     for _ in range(5):
         assert foreground.ok("real_run", id=1, rows=8, value=0.25) == expected
     assert background.ok("real_run", id=1, rows=8, value=0.25) == expected
@@ -207,6 +217,7 @@ def test_a_killed_app_frees_its_models_and_memory_and_its_running_work_ends(
     used_by_one = info(daemon)["devices"][0]["weight_memory_used_bytes"] // 2
     work_id = background.ok("real_submit", id=1, rows=LONG_ROWS)
     wait_for(lambda: any(d["running"] for d in info(daemon)["devices"]))
+    assert segments_mapped(daemon) == 1  # the background's (the foreground ran nothing yet)
     background.kill9()
 
     def freed() -> bool:
@@ -220,6 +231,7 @@ def test_a_killed_app_frees_its_models_and_memory_and_its_running_work_ends(
         )
 
     wait_for(freed)
+    wait_for(lambda: segments_mapped(daemon) == 0)  # its segment is unmapped
 
     def ended() -> list[dict[str, Any]]:
         if not events.exists():
@@ -281,7 +293,7 @@ class RawApp:
         frame = json.dumps({"op": "infer", "seq": seq, **body}).encode()
         with pytest.raises(npu.NpuManagerError) as caught:
             pending = self.client._pending
-            from npumanager.daemon.client import _Pending
+            from npumanager.daemon.client_wire import _Pending
 
             pending[seq] = waiting = _Pending()
             self.client._sock.sendall(struct.pack(">I", len(frame)) + frame)
@@ -508,3 +520,58 @@ def test_the_two_process_example_prints_every_figure() -> None:
         assert 0 < figures[f"fg_{run}_p50_ms"] <= figures[f"fg_{run}_p99_ms"]
     assert figures["bg_managed_per_s"] > 0 and figures["bg_direct_per_s"] > 0
     assert "bg_solo_per_s" not in figures
+
+
+def test_inferences_in_flight_past_the_limit_are_refused_and_others_carry_on(
+    start: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon = start("--max-inferences-per-connection", "2")
+    flood = loaded_app(daemon, BACKGROUND_UID, model_file)
+    other = loaded_app(daemon, FOREGROUND_UID, model_file)
+    first = flood.ok("real_submit", id=1, rows=40_000)
+    second = flood.ok("real_submit", id=1, rows=40_000)
+    third = flood.send("real_submit", id=1, rows=4)
+    assert third.get("error") == "QuotaExceededError", third
+    assert "--max-inferences-per-connection" in third["message"]
+    assert other.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+    for work_id in (first, second):
+        assert "sha256" in flood.ok("real_result", work_id=work_id)
+    assert "sha256" in flood.ok("real_run", id=1, rows=4)  # room again once they ended
+
+
+def big_model(path: Path, side: int = BIG_SIDE) -> None:
+    """One MatMul with a `side` x `side` float32 weight: a model that opens slowly."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((side, side), dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "big",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", side])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", side])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.write_bytes(model.SerializeToString())
+    path.chmod(0o644)
+
+
+def test_a_slow_model_load_does_not_hold_up_the_other_clients(
+    start: Callable[..., DaemonProcess], socket_dir: Path, model_file: Path
+) -> None:
+    big = socket_dir / "big.onnx"
+    big_model(big)
+    daemon = start()
+    loader = app(daemon, BACKGROUND_UID)
+    other = loaded_app(daemon, FOREGROUND_UID, model_file)
+    granted(loader)
+    assert loader.process.stdin is not None
+    loader.process.stdin.write(json.dumps({"op": "real_load", "id": 1, "path": str(big)}) + "\n")
+    loader.process.stdin.flush()
+    time.sleep(0.2)  # the daemon has the load call by now, and opens the model for seconds
+    answered = [other.ok("real_run", id=1, rows=4, value=0.5) for _ in range(3)]
+    assert answered == [in_process_digest(4, 0.5)] * 3
+    assert loader._messages.empty(), "the load was answered before the other client's runs"
+    reply = loader.expect(lambda m: m.get("reply") == "real_load", timeout=120)
+    assert reply["result"]["weight_bytes"] == BIG_SIDE * BIG_SIDE * 4

@@ -104,13 +104,14 @@ def test_simulated_drivers_keep_cost_cycles_and_refuse_inputs() -> None:
                 app.load_model(req(), model=MODEL)
 
 
-def test_real_inference_through_the_daemon_is_refused_in_words() -> None:
-    class DaemonLike:
+def test_a_backend_without_real_inference_is_refused_in_words() -> None:
+    class SimulatedOnly:
         pass
 
-    manager = npu.NpuManager(DaemonLike(), 1, 10001, None, True)  # type: ignore[arg-type]
+    manager = npu.NpuManager(SimulatedOnly(), 1, 10001, None, True)  # type: ignore[arg-type]
     model = npu.LoadedModel(manager, req(), 1, 0)
-    with pytest.raises(NotImplementedError, match="in process"):
+    words = "SimulatedOnly runs no real inference: use a Service's managers or npumanager.connect"
+    with pytest.raises(NotImplementedError, match=words):
         model.submit({"x": np.zeros(1)})
-    with pytest.raises(NotImplementedError, match="in process"):
+    with pytest.raises(NotImplementedError, match=words):
         manager.load_model(req(), model=MODEL)

@@ -177,23 +177,44 @@ class LocalBackend:
         sram_bytes: int,
     ) -> LoadedModel:
         """Open a granted request's real model on its device; its bytes are counted from the
-        model, and a model over what the grant allows is unloaded again."""
+        model, and a model over what the grant allows is unloaded again.
+
+        The runtime opens the model outside the service lock (that can take seconds), so
+        the grant is checked again after: a request revoked meanwhile gets nothing loaded.
+        """
         d = self._d
         with d.lock:
             record = self._granted(manager, request)
             driver = self._real_driver()
             device = record.device or 0
-            handle = driver.load_model(
-                device, model=model, path=path, sram_bytes=sram_bytes, uid=manager.uid
-            )
-            weight = driver.model_bytes(handle)
-            try:
+        handle = driver.load_model(
+            device, model=model, path=path, sram_bytes=sram_bytes, uid=manager.uid
+        )
+        try:
+            with d.lock:
+                record = self._granted(manager, request)
+                if (record.device or 0) != device:
+                    raise RequestStateError(
+                        f"request {request.id} was moved to device {record.device} while its "
+                        "model loaded; load it again"
+                    )
+                weight = driver.model_bytes(handle)
                 declared = d.arbiter.declared_bytes(manager.client, request.id)
                 d.requests.check_allowance(record, declared, weight)
-            except Exception:
-                d.driver.unload_model(handle)
-                raise
-            return self._keep(record, manager, request, handle, device, weight)
+                return self._keep(record, manager, request, handle, device, weight)
+        except Exception:
+            d.driver.unload_model(handle)
+            raise
+
+    def unload_real_model(self, model: LoadedModel) -> None:
+        """Take back a model just loaded that its client may not keep (a daemon quota)."""
+        d = self._d
+        with d.lock:
+            record = d.requests.get(RequestKey(model.manager.client, model.request.id))
+            if record is not None and model in record.models:
+                record.models.remove(model)
+                d.driver.unload_model(model.handle)
+                d.telemetry.health_changed()
 
     def submit_inference(
         self,

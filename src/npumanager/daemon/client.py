@@ -4,17 +4,14 @@ One `DaemonClient` is one connection, one client of the service, one `NpuManager
 are synchronous: each waits for its reply and raises the daemon's error as the same
 exception class the in-process service raises. Decisions arrive on a reader thread and
 are delivered to each request's callback on its executor, in order, exactly as in process
-(the default executor is one dispatcher thread per connection).
+(the default executor is one dispatcher thread per connection). With a real driver in the
+daemon, `load_model(path=...)` sends the file's descriptor and `LoadedModel.run/submit`
+move tensors through the connection's shared segment (`remote_inference`).
 """
 
 from __future__ import annotations
 
-import array
-import contextlib
-import itertools
 import logging
-import socket
-import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -32,12 +29,9 @@ from npumanager.core.client import (
 )
 from npumanager.core.dispatch import DeliveryStats, ExecutorLike, SerialQueue
 from npumanager.daemon import protocol as p
-from npumanager.daemon.peer import default_socket_path
+from npumanager.daemon.client_wire import WireClient
 from npumanager.daemon.remote_inference import RemoteInference, RemoteWork
 from npumanager.errors import (
-    DaemonError,
-    DaemonUnavailableError,
-    ExecutionError,
     IllegalArgumentError,
 )
 from npumanager.schemas import (
@@ -52,55 +46,12 @@ from npumanager.schemas.limits import (
     DEFAULT_CALL_TIMEOUT_S,
     DEFAULT_CLIENT_SHARED_BYTES,
     DEFAULT_INFO_LIMIT,
-    PROTOCOL_VERSION,
 )
 
 log = logging.getLogger(__name__)
 
-_RECV_BYTES = 1 << 16
-_ERRORS: dict[str, type[Exception]] = {
-    name: value
-    for name, value in vars(errors).items()
-    if isinstance(value, type) and issubclass(value, errors.NpuManagerError)
-}
-_ERRORS.update(
-    TypeError=TypeError, ValueError=ValueError, LookupError=LookupError, ProtocolError=DaemonError
-)
 
-
-class _Pending:
-    """One call waiting for its reply: a lock held until the reply is in."""
-
-    __slots__ = ("_lock", "error", "finished", "result")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()
-        self.finished = False
-        self.result: dict[str, Any] | None = None
-        self.error: Exception | None = None
-
-    def finish(self) -> None:
-        self.finished = True
-        self._lock.release()
-
-    def wait(self, timeout: float) -> bool:
-        return self._lock.acquire(timeout=timeout)
-
-
-def _unavailable(path: Path, exc: OSError) -> DaemonUnavailableError:
-    if isinstance(exc, FileNotFoundError | ConnectionRefusedError):
-        return DaemonUnavailableError(
-            f"no npu-manager daemon is listening on {path} (start one with `npu-manager serve`)"
-        )
-    if isinstance(exc, PermissionError):
-        return DaemonUnavailableError(
-            f"permission denied on {path}: the socket admits its owner and group only"
-        )
-    return DaemonUnavailableError(f"cannot reach the daemon on {path}: {exc.strerror or exc}")
-
-
-class DaemonClient:
+class DaemonClient(WireClient):
     """One connection to the daemon; `manager()` is its `NpuManager`."""
 
     clock = "real"
@@ -113,58 +64,19 @@ class DaemonClient:
         timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         shared_bytes: int = DEFAULT_CLIENT_SHARED_BYTES,
     ) -> None:
-        self.socket_path = Path(socket_path) if socket_path is not None else default_socket_path()
-        self.timeout_s = timeout_s
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            sock.settimeout(timeout_s)
-            sock.connect(str(self.socket_path))
-        except OSError as exc:
-            sock.close()
-            raise _unavailable(self.socket_path, exc) from None
-        self._sock = sock
-        self._send_lock = threading.Lock()
-        self._reader = p.FrameReader()
-        self._seq = itertools.count(1)
-        self._pending: dict[int, _Pending] = {}
+        super().__init__(socket_path, uses_feature=uses_feature, timeout_s=timeout_s)
         self._remote: dict[int, Delivery] = {}
         self._stats = DeliveryStats()
         self._dispatcher: ThreadPoolExecutor | None = None
-        self._closed = False
-        self._lost: str | None = None
         self._inference = RemoteInference(self, shared_bytes)
-        welcome = self._handshake(uses_feature)
+        welcome = self.welcome
         self.uid = welcome.uid
         self.pid = welcome.pid
         self.gid = welcome.gid
         self.daemon_pid = welcome.daemon_pid
         self.may_manage = welcome.management
         self._manager = NpuManager(self, 1, welcome.uid, welcome.pid, uses_feature)
-        sock.settimeout(None)
-        self._thread = threading.Thread(target=self._read_forever, name="npu-client", daemon=True)
-        self._reader_ident: int | None = None
-        self._thread.start()
-
-    def _handshake(self, uses_feature: bool) -> p.Welcome:
-        self._send(p.Hello(version=PROTOCOL_VERSION, uses_feature=uses_feature))
-        while True:
-            try:
-                data = self._sock.recv(_RECV_BYTES)
-            except OSError as exc:
-                self._sock.close()
-                raise _unavailable(self.socket_path, exc) from None
-            if not data:
-                self._sock.close()
-                raise DaemonUnavailableError(
-                    f"the daemon on {self.socket_path} closed the connection"
-                )
-            for body in self._reader.feed(data):
-                message = p.parse_daemon(body)
-                if isinstance(message, p.Welcome):
-                    return message
-                if isinstance(message, p.Error):
-                    self._sock.close()
-                    raise DaemonError(f"the daemon refused the connection: {message.message}")
+        self.start_reading()
 
     # Public -----------------------------------------------------------------------------
 
@@ -231,12 +143,7 @@ class DaemonClient:
         """Leave: the daemon ends this client's requests, as if it had died."""
         if self._closed:
             return
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        if threading.get_ident() != self._reader_ident:
-            self._thread.join(timeout=5)
-        self._sock.close()
+        self.close_socket()
         if self._dispatcher is not None:
             self._dispatcher.shutdown(wait=False)
 
@@ -358,45 +265,6 @@ class DaemonClient:
     ) -> list[Any]:
         return self._inference.run(model, inputs, job_priority, timeout)
 
-    # What the real-inference side needs of the wire ---------------------------------------
-
-    def next_seq(self) -> int:
-        """A seq no call of this connection has used."""
-        return next(self._seq)
-
-    def call(
-        self,
-        kind: type[p.Call],
-        *,
-        seq: int | None = None,
-        fds: list[int] | None = None,
-        **fields: Any,
-    ) -> dict[str, Any] | None:
-        """One call (with descriptors sent alongside, if any); its result or its error."""
-        return self._call(kind, seq=seq, fds=fds, **fields)
-
-    def send_only(self, kind: type[p.Call], seq: int, **fields: Any) -> None:
-        """Send one call without waiting: its answer goes to whoever expects `seq`."""
-        self.send_frame(p.encode(kind(seq=seq, **fields)))
-
-    def send_frame(self, frame: bytes) -> None:
-        """Send one encoded call without waiting for its answer."""
-        if self._lost is not None:
-            raise DaemonUnavailableError(self._lost)
-        if self._closed:
-            raise DaemonUnavailableError("this connection to the daemon is closed")
-        try:
-            with self._send_lock:
-                self._sock.sendall(frame)
-        except OSError:
-            self._lose("the daemon closed the connection")
-            raise DaemonUnavailableError(self._lost or "the daemon closed the connection") from None
-
-    @staticmethod
-    def error_class(kind: str | None) -> type[Exception]:
-        """The exception class the daemon named (`ExecutionError` when it names none)."""
-        return _ERRORS.get(kind or "", ExecutionError)
-
     # The wire ---------------------------------------------------------------------------
 
     def _default_executor(self) -> ThreadPoolExecutor:
@@ -404,105 +272,17 @@ class DaemonClient:
             self._dispatcher = ThreadPoolExecutor(1, thread_name_prefix="npu-client-dispatch")
         return self._dispatcher
 
-    def _send(self, message: p.WireModel, fds: list[int] | None = None) -> None:
-        frame = p.encode(message)
-        with self._send_lock:
-            if not fds:
-                self._sock.sendall(frame)
-                return
-            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
-            sent = self._sock.sendmsg([frame], rights)
-            if sent < len(frame):
-                self._sock.sendall(frame[sent:])
-
-    def _call(
-        self,
-        kind: type[p.Call],
-        *,
-        seq: int | None = None,
-        fds: list[int] | None = None,
-        **fields: Any,
-    ) -> dict[str, Any] | None:
-        """Send one call of this kind and wait for its reply; raise its error."""
-        if self._lost is not None:
-            raise DaemonUnavailableError(self._lost)
-        if self._closed:
-            raise DaemonUnavailableError("this connection to the daemon is closed")
-        seq = next(self._seq) if seq is None else seq
-        pending = _Pending()
-        self._pending[seq] = pending
-        try:
-            self._send(kind(seq=seq, **fields), fds)
-        except OSError:
-            self._pending.pop(seq, None)
-            self._lose("the daemon closed the connection")
-            raise DaemonUnavailableError(self._lost or "the daemon closed the connection") from None
-        if threading.get_ident() == self._reader_ident:
-            # A callback running on the reader thread: read the reply here.
-            while not pending.finished and self._pump():
-                pass
-        elif not pending.wait(self.timeout_s):
-            self._pending.pop(seq, None)
-            raise DaemonError(f"the daemon did not answer within {self.timeout_s:g} s")
-        if pending.error is not None:
-            raise pending.error
-        return pending.result
-
-    def _read_forever(self) -> None:
-        self._reader_ident = threading.get_ident()
-        while self._pump():
-            pass
-
-    def _pump(self) -> bool:
-        """Read once and handle every complete frame; False once the connection is gone."""
-        if self._lost is not None:
-            return False
-        try:
-            data = self._sock.recv(_RECV_BYTES)
-        except OSError:
-            data = b""
-        if not data:
-            self._lose("the daemon closed the connection")
-            return False
-        try:
-            for body in self._reader.feed(data):
-                self._handle(p.parse_daemon(body))
-        except p.ProtocolError as exc:
-            log.error("the daemon sent a frame this client cannot read: %s", exc)
-            self._lose(f"the daemon sent an unreadable frame: {exc}")
-            return False
-        return True
-
-    def _lose(self, why: str) -> None:
-        if self._lost is None:
-            self._lost = why if not self._closed else "this connection to the daemon is closed"
-        self._inference.lost(DaemonUnavailableError(self._lost))
-        for seq in list(self._pending):
-            pending = self._pending.pop(seq, None)  # whoever pops a call finishes it
-            if pending is not None:
-                pending.error = DaemonUnavailableError(self._lost)
-                pending.finish()
-
-    def _handle(self, message: Any) -> None:
-        if isinstance(message, p.Reply | p.Error) and message.seq is not None:
-            pending = self._pending.pop(message.seq, None)
-            if pending is None:
-                if isinstance(message, p.Error):
-                    error = _ERRORS.get(message.kind, DaemonError)(message.message)
-                    self._inference.refused(message.seq, error)
-                return
-            if isinstance(message, p.Error):
-                pending.error = _ERRORS.get(message.kind, DaemonError)(message.message)
-            else:
-                pending.result = message.result
-            pending.finish()
-        elif isinstance(message, p.Error):
-            log.error("the daemon is closing this connection: %s", message.message)
-            self._lose(f"the daemon closed the connection: {message.message}")
-        elif isinstance(message, p.WorkEnded):
+    def _on_message(self, message: Any) -> None:
+        if isinstance(message, p.WorkEnded):
             self._inference.ended(message)
         elif isinstance(message, p.Decision | p.UnloadAsked | p.Completed):
             self._event(message)
+
+    def _on_refused(self, seq: int, error: Exception) -> None:
+        self._inference.refused(seq, error)
+
+    def _on_lost(self, error: Exception) -> None:
+        self._inference.lost(error)
 
     def _event(self, message: p.Decision | p.UnloadAsked | p.Completed) -> None:
         remote = self._remote.get(message.request_id)

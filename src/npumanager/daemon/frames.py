@@ -71,14 +71,8 @@ class FrameHandler:
             self.info.changed()
         try:
             result = self._handlers[type(message)](connection, message)
-        except _CALL_ERRORS as exc:
-            self.stats.call_errors += 1
-            connection.send(p.Error(seq=seq, kind=type(exc).__name__, message=clip(str(exc))))
-            return
         except Exception as exc:
-            self.stats.internal_errors += 1
-            log.exception("internal error handling %s from uid %d", message.op, connection.peer.uid)
-            connection.send(p.Error(seq=seq, kind=DaemonError.__name__, message=clip(repr(exc))))
+            connection.send(call_error(seq, exc, self.stats, message.op, connection.peer.uid))
             return
         # The call's own callbacks go first, as they run before an in-process call returns.
         self._run_ready()
@@ -123,6 +117,17 @@ class FrameHandler:
     def _on_info(self, connection: Connection, message: p.Info) -> bytes:
         uid = None if connection.management else connection.peer.uid
         return self.info.result_json(uid, message.offset, message.limit)
+
+
+def call_error(seq: int, exc: Exception, stats: DaemonStats, op: str, uid: int) -> p.Error:
+    """The error reply to a call that raised: its own errors by class, anything else an
+    internal error (logged, answered as `DaemonError`)."""
+    if isinstance(exc, _CALL_ERRORS):
+        stats.call_errors += 1
+        return p.Error(seq=seq, kind=type(exc).__name__, message=clip(str(exc)))
+    stats.internal_errors += 1
+    log.error("internal error handling %s from uid %d", op, uid, exc_info=exc)
+    return p.Error(seq=seq, kind=DaemonError.__name__, message=clip(repr(exc)))
 
 
 def clip(text: str, limit: int = 4000) -> str:

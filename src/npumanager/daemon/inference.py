@@ -1,9 +1,13 @@
 """The daemon's real-inference calls: attach a segment, load a real model, infer, fetch.
 
+Models are read and opened on a loader thread (a runtime may take seconds to open one),
+and the call is answered from the loop when that is done.
+
 Inputs are arrays over the client's shared segment, checked before they are made; the
-outputs are written into the region the client named, by the worker thread that ran the
-inference, and a `WorkEnded` frame follows on the loop thread. Outputs too large for
-their region are held (at most `MAX_HELD_RESULTS` a connection) for a `fetch`.
+outputs are written into the region the client named by the worker thread that ran the
+inference, which sends the `WorkEnded` frame itself when nothing waits before it in the
+connection's outbox (else the loop queues it). Outputs too large for their region are
+held (at most `MAX_HELD_RESULTS` a connection) for a `fetch`.
 """
 
 from __future__ import annotations
@@ -11,22 +15,30 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from npumanager.checks import group_bytes
+from npumanager.core.client import LoadedModel
 from npumanager.core.dispatch import Task
 from npumanager.core.service import Service
 from npumanager.daemon import protocol as p
-from npumanager.daemon.calls import NO_REPLY, Calls, NoReply
+from npumanager.daemon.calls import NO_REPLY, Calls, Handler, NoReply
 from npumanager.daemon.connection import Connection
-from npumanager.daemon.frames import clip
+from npumanager.daemon.frames import call_error, clip
 from npumanager.daemon.segment import SharedSegment, read_model_file
-from npumanager.errors import CapacityError, IllegalArgumentError, UnknownWorkError
+from npumanager.daemon.stats import DaemonStats
+from npumanager.errors import (
+    CapacityError,
+    IllegalArgumentError,
+    QuotaExceededError,
+    UnknownWorkError,
+)
 from npumanager.schemas import EndReason
 from npumanager.schemas.limits import (
+    DEFAULT_MAX_INFERENCES_PER_CONNECTION,
     DEFAULT_MAX_MODEL_FILE_BYTES,
     DEFAULT_MAX_SHARED_BYTES,
     MAX_HELD_RESULTS,
@@ -44,13 +56,19 @@ class InferenceCalls:
         *,
         max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES,
         max_model_file_bytes: int = DEFAULT_MAX_MODEL_FILE_BYTES,
+        max_in_flight: int = DEFAULT_MAX_INFERENCES_PER_CONNECTION,
+        stats: DaemonStats,
     ) -> None:
         self.backend = service.backend
         self.calls = calls
         self._post = post
         self.max_shared_bytes = max_shared_bytes
         self.max_model_file_bytes = max_model_file_bytes
-        self.handlers: dict[type[p.Call], Any] = {
+        self.max_in_flight = max_in_flight
+        self.stats = stats
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="npu-loader")
+        """Opens models off the loop, one at a time."""
+        self.handlers: dict[type[p.Call], Handler] = {
             p.Attach: self.on_attach,
             p.LoadRealModel: self.on_load_real,
             p.Infer: self.on_infer,
@@ -67,7 +85,9 @@ class InferenceCalls:
         finally:
             os.close(fd)
 
-    def on_load_real(self, connection: Connection, message: p.LoadRealModel) -> dict[str, Any]:
+    def on_load_real(self, connection: Connection, message: p.LoadRealModel) -> NoReply:
+        """Check the call here, then read and open the model on the loader thread (that
+        can take seconds): the loop goes on serving everyone meanwhile."""
         # The descriptor is taken first, so that one sent with a refused frame is not left
         # for the next.
         fd = connection.take_descriptor("load_real") if message.descriptor else None
@@ -79,21 +99,69 @@ class InferenceCalls:
                 )
             request = self.calls.live(connection, message.request_id)
             connection.check_quota("models")
-            if fd is not None:
-                model = read_model_file(fd, self.max_model_file_bytes)
-            else:
-                assert message.span is not None
-                model = self._segment(connection).bytes_at(message.span)
-        finally:
+            model = (
+                None if message.span is None else self._segment(connection).bytes_at(message.span)
+            )
+            manager = self.calls.manager_of(connection)
+        except BaseException:
             if fd is not None:
                 os.close(fd)
-        manager = self.calls.manager_of(connection)
-        loaded = self.backend.load_real_model(manager, request, model, None, message.sram_bytes)
-        connection.add_model(loaded.handle, request.id)
-        weight = loaded.weight_bytes
-        return {"model": loaded.handle, "device": loaded.device, "weight_bytes": weight}
+            raise
+        ref = weakref.ref(connection)
+        uid = connection.peer.uid
+
+        def load() -> None:
+            outcome: LoadedModel | Exception
+            try:
+                data = model
+                if fd is not None:
+                    try:
+                        data = read_model_file(fd, self.max_model_file_bytes)
+                    finally:
+                        os.close(fd)
+                outcome = self.backend.load_real_model(
+                    manager, request, data, None, message.sram_bytes
+                )
+            except Exception as exc:
+                outcome = exc
+            self._post(lambda: self._loaded(ref, message.seq, uid, outcome))
+
+        self._loader.submit(load)
+        return NO_REPLY
+
+    def _loaded(
+        self, ref: weakref.ref[Connection], seq: int, uid: int, outcome: LoadedModel | Exception
+    ) -> None:
+        """On the loop: answer a `load_real` whose model the loader opened (or refused)."""
+        connection = ref()
+        if connection is None or connection.closed:
+            return  # the client is gone: its requests ended and their models went with them
+        if isinstance(outcome, Exception):
+            connection.send(call_error(seq, outcome, self.stats, "load_real", uid))
+            return
+        try:
+            connection.add_model(outcome.handle, outcome.request.id)
+        except QuotaExceededError as exc:
+            self.backend.unload_real_model(outcome)
+            connection.send(call_error(seq, exc, self.stats, "load_real", uid))
+            return
+        result = {
+            "model": outcome.handle,
+            "device": outcome.device,
+            "weight_bytes": outcome.weight_bytes,
+        }
+        connection.send(p.Reply(seq=seq, result=result))
+
+    def close(self) -> None:
+        """Stop the loader: a load in progress finishes; none queued starts."""
+        self._loader.shutdown(wait=False, cancel_futures=True)
 
     def on_infer(self, connection: Connection, message: p.Infer) -> dict[str, Any] | NoReply:
+        if len(connection.inferences) >= self.max_in_flight and not connection.management:
+            raise QuotaExceededError(
+                f"this connection has {len(connection.inferences)} inferences in flight, its "
+                "limit (serve --max-inferences-per-connection); wait for some to end"
+            )
         segment = self._segment(connection)
         segment.check(message.out, "the output region")
         feeds = segment.inputs(message.inputs)
@@ -159,13 +227,19 @@ class _Ended:
         post: Callable[[Task], None],
     ) -> None:
         self.connection = connection
-        self.segment = segment
+        self.segment: SharedSegment | None = segment
         self.out = message.out
         self.seq = message.seq
         self.work_id = work_id
         self.post = post
 
     def __call__(self, future: Future[Any]) -> None:
+        # The future keeps its callbacks: this one must not keep the segment mapped.
+        segment, self.segment = self.segment, None
+        if segment is not None:
+            self._ended(future, segment)
+
+    def _ended(self, future: Future[Any], segment: SharedSegment) -> None:
         held: list[np.ndarray] | None = None
         if future.cancelled():
             ended = self._frame(EndReason.CANCELLED_SYSTEM)
@@ -176,7 +250,7 @@ class _Ended:
         else:
             outputs = future.result()
             try:
-                placed = self.segment.write(outputs, self.out)
+                placed = segment.write(outputs, self.out)
             except IllegalArgumentError as exc:
                 ended = self._frame(EndReason.FAILED, kind=type(exc).__name__, message=str(exc))
             else:

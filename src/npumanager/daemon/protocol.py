@@ -8,47 +8,104 @@ one `reply` or `error` with that seq. For the client's requests the daemon also 
 `decision`, `unload` and `complete` frames, in the order the service decided them. An
 `error` without a seq is fatal: the daemon closes the connection after it.
 
+Real inference (version 2) adds descriptors and shared memory: `attach` comes with the
+client's memfd (SCM_RIGHTS), `load_real` with a model file's descriptor (or names its
+bytes in the segment), and `infer` names its tensors by offset, shape and dtype in the
+segment; the daemon answers each inference's end with `ended` (outputs in the client's
+region). A malformed real-inference call gets an `error` with its seq; any other
+malformed frame closes the connection.
+
 No frame carries a uid or a pid: identity is the kernel's (SO_PEERCRED), never a message's.
 """
 
 from __future__ import annotations
 
-import json
-import struct
-from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
-from npumanager.daemon.tensors import DtypeName
-from npumanager.errors import NpuManagerError
-from npumanager.schemas import EndReason, ModelLoadRequest, NpuUuid
+from npumanager.daemon.inference_messages import (
+    Attach,
+    CancelInference,
+    FetchResult,
+    Infer,
+    LoadRealModel,
+    Span,
+    Tensor,
+    WorkEnded,
+    answerable_seq,
+    ended_frame,
+    infer_frame,
+    tensor_json,
+)
+from npumanager.daemon.wire import (
+    HEADER,
+    Call,
+    FrameReader,
+    ProtocolError,
+    WireModel,
+    framed,
+)
+from npumanager.schemas import ModelLoadRequest, NpuUuid
 from npumanager.schemas.limits import (
     DEFAULT_INFO_LIMIT,
-    FRAME_HEADER_BYTES,
-    INT32_MAX,
-    INT64_MAX,
     MAX_FRAME_BYTES,
     MAX_INFO_LIMIT,
-    MAX_TENSOR_DIMS,
-    MAX_WIRE_TENSORS,
     PROTOCOL_VERSION,
     UID_MAX,
 )
 from npumanager.schemas.types import Int32, NonNegativeInt32, NonNegativeInt64, Priority, Uid
 
-_HEADER = struct.Struct(">I")
-assert _HEADER.size == FRAME_HEADER_BYTES
-
-
-class ProtocolError(NpuManagerError, ValueError):
-    """A frame that is too large, not JSON, or not a message this protocol version knows."""
-
-
-class WireModel(BaseModel):
-    """Frozen and strict, no extra keys: the form of every frame body."""
-
-    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+__all__ = [
+    "HEADER",
+    "HELLO",
+    "PROTOCOL_VERSION",
+    "Attach",
+    "Call",
+    "CancelInference",
+    "CancelLoad",
+    "CancelWork",
+    "ClientMessage",
+    "Completed",
+    "DaemonMessage",
+    "Decision",
+    "Error",
+    "FetchResult",
+    "FrameReader",
+    "Hello",
+    "Infer",
+    "Info",
+    "LoadModel",
+    "LoadRealModel",
+    "NotifyLoaded",
+    "NotifyUnloaded",
+    "ProtocolError",
+    "Reply",
+    "RequestCanLoad",
+    "SetAccess",
+    "SetImportance",
+    "SetPolicy",
+    "Span",
+    "Submit",
+    "Tensor",
+    "UnloadAsked",
+    "Welcome",
+    "WireModel",
+    "WorkEnded",
+    "answerable_seq",
+    "complete_frame",
+    "decision_frame",
+    "encode",
+    "ended_frame",
+    "framed",
+    "infer_frame",
+    "parse_client",
+    "parse_daemon",
+    "reply_frame",
+    "result_frame",
+    "tensor_json",
+    "unload_frame",
+]
 
 
 # Client to daemon ---------------------------------------------------------------------
@@ -60,12 +117,6 @@ class Hello(WireModel):
     op: Literal["hello"] = "hello"
     version: NonNegativeInt32
     uses_feature: bool = False
-
-
-class Call(WireModel):
-    """A client frame that gets exactly one reply or error with its `seq`."""
-
-    seq: NonNegativeInt64
 
 
 class RequestCanLoad(Call):
@@ -125,79 +176,6 @@ class CancelWork(Call):
     op: Literal["cancel_work"] = "cancel_work"
     model: Int32
     work_id: NonNegativeInt64
-
-
-class Span(WireModel):
-    """A stretch of the connection's shared segment: `size` bytes from `offset`."""
-
-    offset: NonNegativeInt64
-    size: NonNegativeInt64
-
-
-class Tensor(WireModel):
-    """One array in the shared segment: C-contiguous, `nbytes` from `offset`."""
-
-    name: Annotated[str, Field(max_length=256)]
-    dtype: DtypeName
-    shape: Annotated[
-        list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(max_length=MAX_TENSOR_DIMS)
-    ]
-    offset: NonNegativeInt64
-    nbytes: NonNegativeInt64
-
-
-class Attach(Call):
-    """Attach the connection's shared segment for tensors: a memfd of `size` bytes, sealed
-    against shrinking, sent with this frame (SCM_RIGHTS). Once per connection."""
-
-    op: Literal["attach"] = "attach"
-    size: NonNegativeInt64
-
-
-class LoadRealModel(Call):
-    """`load_model(model=... or path=...)`: the model file comes with this frame as a
-    descriptor (`descriptor`), or its bytes lie in the shared segment (`span`). The reply's
-    result is `{"model", "device", "weight_bytes", "inputs"}`."""
-
-    op: Literal["load_real"] = "load_real"
-    request_id: NonNegativeInt64
-    sram_bytes: NonNegativeInt64 = 0
-    descriptor: bool = False
-    span: Span | None = None
-
-
-class Infer(Call):
-    """`LoadedModel.submit(inputs)`: the reply's result is `{"work_id": id}`; a `WorkEnded`
-    with this seq follows when the work ends, its outputs written inside `out`. Without
-    `ack` there is no reply when the work starts (`LoadedModel.run` waits only for its end);
-    an error still comes as an `error` with this seq."""
-
-    op: Literal["infer"] = "infer"
-    ack: bool = True
-    model: Int32
-    inputs: Annotated[list[Tensor], Field(max_length=MAX_WIRE_TENSORS)]
-    out: Span
-    job_priority: Priority = 0
-    original_uid: Uid | None = None
-    group_id: NpuUuid | None = None
-    feature_id: Annotated[str, Field(max_length=256)] | None = None
-
-
-class CancelInference(Call):
-    """Cancel the inference of call `call_seq` (sent without `ack`, so its work id may not be
-    known yet); it ends as `cancel_work` would end it."""
-
-    op: Literal["cancel_infer"] = "cancel_infer"
-    call_seq: NonNegativeInt64
-
-
-class FetchResult(Call):
-    """Write the outputs the daemon held for inference `call_seq` (too large for its region)
-    into `out`; the reply's result is `{"outputs": [Tensor, ...]}`."""
-
-    op: Literal["fetch"] = "fetch"
-    call_seq: NonNegativeInt64
-    out: Span
 
 
 class SetPolicy(Call):
@@ -315,20 +293,6 @@ class Completed(WireModel):
     status: Int32
 
 
-class WorkEnded(WireModel):
-    """The inference of call `call_seq` ended (`reason`, an EndReason): its outputs in the
-    client's region, or `held_bytes` to fetch them with, or the error that failed it."""
-
-    op: Literal["ended"] = "ended"
-    call_seq: NonNegativeInt64
-    work_id: NonNegativeInt64
-    reason: Int32
-    outputs: Annotated[list[Tensor], Field(max_length=MAX_WIRE_TENSORS)] | None = None
-    held_bytes: NonNegativeInt64 | None = None
-    kind: Annotated[str, Field(max_length=64)] | None = None
-    message: Annotated[str, Field(max_length=4096)] | None = None
-
-
 DaemonMessage = Annotated[
     Welcome | Reply | Error | Decision | UnloadAsked | Completed | WorkEnded,
     Field(discriminator="op"),
@@ -346,16 +310,12 @@ def encode(message: WireModel) -> bytes:
             f"a {message.__class__.__name__} frame of {len(body)} bytes is over the limit "
             f"of {MAX_FRAME_BYTES}"
         )
-    return _HEADER.pack(len(body)) + body
-
-
-def _framed(body: bytes) -> bytes:
-    return _HEADER.pack(len(body)) + body
+    return HEADER.pack(len(body)) + body
 
 
 def reply_frame(seq: int) -> bytes:
     """`encode(Reply(seq=seq))` without building the model: the most frequent frame."""
-    return _framed(b'{"op":"reply","seq":%d,"result":null}' % seq)
+    return framed(b'{"op":"reply","seq":%d,"result":null}' % seq)
 
 
 def result_frame(seq: int, result_json: bytes) -> bytes:
@@ -363,63 +323,23 @@ def result_frame(seq: int, result_json: bytes) -> bytes:
     body = b'{"op":"reply","seq":%d,"result":%s}' % (seq, result_json)
     if len(body) > MAX_FRAME_BYTES:
         raise ProtocolError(f"a reply of {len(body)} bytes is over the limit of {MAX_FRAME_BYTES}")
-    return _framed(body)
+    return framed(body)
 
 
 def decision_frame(request_id: int, status: int) -> bytes:
     """`encode(Decision(...))` without building the model."""
-    return _framed(b'{"op":"decision","request_id":%d,"status":%d}' % (request_id, status))
+    return framed(b'{"op":"decision","request_id":%d,"status":%d}' % (request_id, status))
 
 
 def unload_frame(request_id: int, reason: int | None) -> bytes:
     """`encode(UnloadAsked(...))` without building the model."""
     code = b"null" if reason is None else b"%d" % reason
-    return _framed(b'{"op":"unload","request_id":%d,"reason":%s}' % (request_id, code))
+    return framed(b'{"op":"unload","request_id":%d,"reason":%s}' % (request_id, code))
 
 
 def complete_frame(request_id: int, status: int) -> bytes:
     """`encode(Completed(...))` without building the model."""
-    return _framed(b'{"op":"complete","request_id":%d,"status":%d}' % (request_id, status))
-
-
-_COMPLETED = int(EndReason.COMPLETED)
-
-
-def tensor_json(name: str, dtype: str, shape: tuple[int, ...], offset: int, nbytes: int) -> str:
-    """One `Tensor` as JSON, without building the model (the hot path of an inference)."""
-    dims = ",".join(map(str, shape))
-    return (
-        f'{{"name":{json.dumps(name)},"dtype":"{dtype}","shape":[{dims}],'
-        f'"offset":{offset},"nbytes":{nbytes}}}'
-    )
-
-
-def infer_frame(
-    seq: int,
-    model: int,
-    tensors: list[str],
-    out: tuple[int, int],
-    ack: bool,
-    job_priority: int = 0,
-) -> bytes:
-    """`encode(Infer(...))` with no attribution, group or feature, from tensors as JSON."""
-    body = (
-        f'{{"op":"infer","seq":{seq},"model":{model},"inputs":[{",".join(tensors)}],'
-        f'"out":{{"offset":{out[0]},"size":{out[1]}}},"job_priority":{job_priority},'
-        f'"ack":{"true" if ack else "false"}}}'
-    ).encode()
-    if len(body) > MAX_FRAME_BYTES:
-        raise ProtocolError(f"an infer frame of {len(body)} bytes is over the limit")
-    return _framed(body)
-
-
-def ended_frame(call_seq: int, work_id: int, tensors: list[str]) -> bytes:
-    """`encode(WorkEnded(...))` of a completed inference, from its outputs as JSON."""
-    body = (
-        f'{{"op":"ended","call_seq":{call_seq},"work_id":{work_id},"reason":{_COMPLETED},'
-        f'"outputs":[{",".join(tensors)}]}}'
-    ).encode()
-    return _framed(body)
+    return framed(b'{"op":"complete","request_id":%d,"status":%d}' % (request_id, status))
 
 
 def parse_client(body: bytes) -> ClientMessage:
@@ -438,90 +358,12 @@ def parse_daemon(body: bytes) -> DaemonMessage:
         raise ProtocolError(_describe(exc)) from None
 
 
-_ANSWERED_WHEN_MALFORMED = frozenset({"attach", "load_real", "infer", "cancel_infer", "fetch"})
-"""Calls whose malformed frames get an error reply instead of closing the connection: their
-tensors and spans are where a client's own mistakes land."""
-
-
-def answerable_seq(body: bytes) -> int | None:
-    """The seq of a malformed frame that is one of the real-inference calls, else None."""
-    try:
-        document = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(document, dict) or document.get("op") not in _ANSWERED_WHEN_MALFORMED:
-        return None
-    seq = document.get("seq")
-    if type(seq) is not int or not 0 <= seq <= INT64_MAX:
-        return None
-    return seq
-
-
 def _describe(exc: ValidationError) -> str:
     first = exc.errors(include_url=False, include_input=False)[0]
     where = ".".join(str(part) for part in first["loc"]) or "frame"
     more = exc.error_count() - 1
     tail = f" (and {more} more problem{'s' * (more > 1)})" if more else ""
     return f"invalid frame: {where}: {first['msg']}{tail}"
-
-
-class FrameReader:
-    """Cuts a byte stream into frame bodies; `ProtocolError` on an oversized frame."""
-
-    def __init__(self, max_frame: int = MAX_FRAME_BYTES) -> None:
-        self.max_frame = max_frame
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> Iterator[bytes]:
-        """Every complete frame body the stream holds after `data`, in order."""
-        buffer = self._buffer
-        buffer += data
-        start = 0
-        end = len(buffer)
-        try:
-            while end - start >= FRAME_HEADER_BYTES:
-                (size,) = _HEADER.unpack_from(buffer, start)
-                if size == 0 or size > self.max_frame:
-                    raise ProtocolError(
-                        f"frame length {size} is not allowed: a body is 1..{self.max_frame} bytes"
-                    )
-                if end - start - FRAME_HEADER_BYTES < size:
-                    break
-                body_start = start + FRAME_HEADER_BYTES
-                start = body_start + size
-                yield bytes(buffer[body_start:start])
-        finally:
-            del buffer[:start]
-
-    def push(self, data: bytes) -> None:
-        """Append received bytes; `pop` takes the frames out one at a time."""
-        self._buffer += data
-
-    def pop(self) -> bytes | None:
-        """The next complete frame body, or None; `ProtocolError` on a bad length."""
-        buffer = self._buffer
-        if len(buffer) < FRAME_HEADER_BYTES:
-            return None
-        (size,) = _HEADER.unpack_from(buffer, 0)
-        if size == 0 or size > self.max_frame:
-            raise ProtocolError(
-                f"frame length {size} is not allowed: a body is 1..{self.max_frame} bytes"
-            )
-        end = FRAME_HEADER_BYTES + size
-        if len(buffer) < end:
-            return None
-        body = bytes(buffer[FRAME_HEADER_BYTES:end])
-        del buffer[:end]
-        return body
-
-    def release(self) -> None:
-        """Drop whatever is buffered and give its memory back."""
-        self._buffer = bytearray()
-
-    @property
-    def pending(self) -> int:
-        """Bytes received and not yet taken as frames."""
-        return len(self._buffer)
 
 
 HELLO = Hello(version=PROTOCOL_VERSION)

@@ -16,6 +16,7 @@ from npumanager.schemas.limits import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_BUFFERED_BYTES,
     DEFAULT_MAX_CONNECTIONS_PER_UID,
+    DEFAULT_MAX_INFERENCES_PER_CONNECTION,
     DEFAULT_MAX_MODEL_FILE_BYTES,
     DEFAULT_MAX_MODELS_PER_UID,
     DEFAULT_MAX_REQUESTS_PER_UID,
@@ -41,6 +42,7 @@ class DaemonLimits:
     max_buffered_bytes: int = DEFAULT_MAX_BUFFERED_BYTES
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
     max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES
+    max_inferences_per_connection: int = DEFAULT_MAX_INFERENCES_PER_CONNECTION
     max_model_file_bytes: int = DEFAULT_MAX_MODEL_FILE_BYTES
 
     def cap(self, resource: Resource) -> int:

@@ -31,6 +31,7 @@ from npumanager.schemas.limits import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_BUFFERED_BYTES,
     DEFAULT_MAX_CONNECTIONS_PER_UID,
+    DEFAULT_MAX_INFERENCES_PER_CONNECTION,
     DEFAULT_MAX_MODEL_FILE_BYTES,
     DEFAULT_MAX_MODELS_PER_UID,
     DEFAULT_MAX_REQUESTS_PER_UID,
@@ -171,6 +172,14 @@ def add_serve(add: Add) -> None:
         f"(default {DEFAULT_MAX_SHARED_BYTES // _MIB})",
     )
     limits.add_argument(
+        "--max-inferences-per-connection",
+        type=_positive,
+        default=DEFAULT_MAX_INFERENCES_PER_CONNECTION,
+        metavar="N",
+        help="inferences one connection may have in flight "
+        f"(default {DEFAULT_MAX_INFERENCES_PER_CONNECTION})",
+    )
+    limits.add_argument(
         "--max-model-mib",
         type=_positive,
         default=DEFAULT_MAX_MODEL_FILE_BYTES // _MIB,
@@ -211,6 +220,7 @@ def limits_of(args: argparse.Namespace) -> DaemonLimits:
         max_buffered_bytes=args.max_buffered_mib * _MIB,
         idle_timeout_s=args.idle_timeout,
         max_shared_bytes=args.max_shared_mib * _MIB,
+        max_inferences_per_connection=args.max_inferences_per_connection,
         max_model_file_bytes=args.max_model_mib * _MIB,
     )
 

@@ -106,12 +106,14 @@ class Daemon:
         self._trim_at: float | None = None
         self._log = RateLimitedLog(log)
         self.calls = Calls(service, self.post, management_group)
-        inference = InferenceCalls(
+        self.inference = inference = InferenceCalls(
             service,
             self.calls,
             self.post,
             max_shared_bytes=self.limits.max_shared_bytes,
             max_model_file_bytes=self.limits.max_model_file_bytes,
+            max_in_flight=self.limits.max_inferences_per_connection,
+            stats=self.stats,
         )
         self._info = InfoCache(self.describe)
         self.admission = Admission(self.usage, self.stats, self._log)
@@ -357,6 +359,7 @@ class Daemon:
     def _shutdown(self) -> None:
         """Complete every live request, tell the clients within a bound, close everything."""
         self.notifier.notify("STOPPING=1", "STATUS=completing live requests")
+        self.inference.close()
         try:
             self.service.close()
         except Exception:

@@ -174,6 +174,9 @@ DEFAULT_MAX_SHARED_BYTES: Final = 256 << 20
 DEFAULT_CLIENT_SHARED_BYTES: Final = 64 << 20
 """The segment a daemon client makes for its tensors unless told (pages cost nothing until
 touched)."""
+DEFAULT_MAX_INFERENCES_PER_CONNECTION: Final = 256
+"""Inferences one daemon connection may have in flight (with the per-uid connection cap,
+one uid cannot fill the driver's live work)."""
 DEFAULT_MAX_MODEL_FILE_BYTES: Final = 2 * GIB
 """The largest model file the daemon reads from a client's descriptor."""
 MAX_PENDING_DESCRIPTORS: Final = 4
