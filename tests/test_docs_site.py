@@ -360,6 +360,7 @@ def test_the_limits_table_gives_the_limits_the_code_has() -> None:
         f"| {lim.DEFAULT_MAX_BUFFERED_BYTES >> 20} MiB | `--max-buffered-mib MIB` |",
         f"| {lim.DEFAULT_MAX_SHARED_BYTES >> 20} MiB | `--max-shared-mib MIB` |",
         f"| {lim.DEFAULT_MAX_MODEL_FILE_BYTES >> 20} MiB | `--max-model-mib MIB` |",
+        f"| {lim.DEFAULT_MAX_INFERENCES_PER_CONNECTION} | `--max-inferences-per-connection N` |",
         f"{lim.MANAGEMENT_RESERVE_FDS} kept for management",
         f"within {lim.HELLO_TIMEOUT_S:g} s",
         f"at {lim.OUTBOX_PAUSE_BYTES >> 10} KiB",
