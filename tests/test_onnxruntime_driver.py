@@ -83,6 +83,7 @@ def test_registered_with_honest_capabilities() -> None:
         DriverCapability.REAL_TIME,
         DriverCapability.MULTI_DEVICE,
         DriverCapability.FAIR_SHARE,
+        DriverCapability.RESTART_PREEMPTION,
     }
 
 
@@ -236,8 +237,8 @@ def test_cycles_or_a_placeholder_are_refused_by_a_real_driver() -> None:
             d.submit(placeholder, uid=10, inputs={"x": np.zeros((1, 4), np.float32)})
 
 
-def test_a_more_important_uid_takes_the_next_channel_and_nothing_is_paused() -> None:
-    with driver(devices=[{"channels": 1}]) as d:
+def test_without_restarts_a_more_important_uid_takes_the_next_channel_nothing_paused() -> None:
+    with driver(devices=[{"channels": 1}], restart_preemption=False) as d:
         d.set_scheduling_configs(
             [SchedulingConfig(uid=10, app_priority=500), SchedulingConfig(uid=20, app_priority=0)]
         )

@@ -61,6 +61,7 @@ def test_registered_with_honest_capabilities() -> None:
         DriverCapability.REAL_TIME,
         DriverCapability.MULTI_DEVICE,
         DriverCapability.FAIR_SHARE,
+        DriverCapability.RESTART_PREEMPTION,
     }
 
 
@@ -176,3 +177,37 @@ def test_the_cpu_takes_no_priority_hint_and_says_so_once(caplog: pytest.LogCaptu
         assert driver.model_info(handle).relayed == {}  # type: ignore[attr-defined]
     lines = [r for r in caplog.records if "driver's own queue orders the work" in r.message]
     assert len(lines) == 1
+
+
+def test_two_channels_run_two_requests_of_one_model_at_once() -> None:
+    most = max(ov.Core().get_property("CPU", "RANGE_FOR_STREAMS"))
+    with OpenVinoDriver(device="CPU", devices=[{"channels": 2}]) as d:
+        d.set_scheduling_configs([SchedulingConfig(uid=1, app_priority=100)])
+        model = d.load_timed_model()
+        session: Any = d.model_info(model)
+        assert session.streams == min(2, most)
+        assert session.compiled.get_property("NUM_STREAMS") == session.streams
+        works = [d.submit(model, uid=1, inputs=d.timed_inputs(model, 50)) for _ in range(2)]
+        d.run_until_idle()
+        events = d.take_events()
+        starts = [e.time_us for e in events if e.kind == EventKind.STARTED]
+        ends = [e.time_us for e in events if e.kind == EventKind.ENDED]
+        assert [ended(events, w) for w in works] == [EndReason.COMPLETED] * 2
+        assert max(starts) < min(ends), "both requests were in the runtime at once"
+
+
+def test_background_workers_keep_the_process_priority_by_default() -> None:
+    # OpenVINO computes on its own threads: a lowered waiting worker only hands the GIL
+    # back late (the onnxruntime driver, which computes on the worker, lowers it).
+    with OpenVinoDriver(device="CPU") as d:
+        assert d.background_nice == 0
+    with OpenVinoDriver(device="CPU", background_nice=4) as d:
+        assert d.background_nice == 4
+
+
+def test_streams_are_not_pinned_to_cores() -> None:
+    # every app's model has streams of its own: pinned, two models' first streams share
+    # one core while the other idles
+    with OpenVinoDriver(device="CPU") as d:
+        session: Any = d.model_info(d.load_model(model=chain_model()))
+        assert session.compiled.get_property("ENABLE_CPU_PINNING") is False

@@ -1,42 +1,237 @@
-"""`npu-manager demo --real`: real models on a real driver, direct and managed."""
+"""`npu-manager demo --real`: the demo scenario's apps as real models on a real driver,
+direct and managed, through the installed console script as a user runs it."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from npumanager.cli import main
+from npumanager.errors import UnknownModelError
+from npumanager.simulation.real_apps import AppScore, Runner, play
+from npumanager.simulation.real_demo import metrics
+from npumanager.simulation.scenario import load_scenario, parse_scenario, shipped_scenarios
 
 pytest.importorskip("onnxruntime")
 
+SIMULATED_KEYS = {
+    "camera_frames",
+    "camera_deadline_misses",
+    "camera_p99_ms",
+    "background_jobs_done",
+    "assistant_jobs_done",
+    "indexer_jobs_done",
+    "unload_requests",
+    "jobs_done",
+}
+"""The simulated demo's keys that apply to a real run (memory and heat do not)."""
 
-def test_demo_real_prints_the_simulated_demos_keys_for_both_runs(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert main(["demo", "--real", "--driver", "onnxruntime", "--seconds", "0.3", "--json"]) == 0
-    runs = json.loads(capsys.readouterr().out)
-    assert set(runs) == {"direct", "managed"}
-    for metrics in runs.values():
-        assert set(metrics) == {
+
+def console(*argv: str) -> subprocess.CompletedProcess[str]:
+    """The installed console script, as a user runs it."""
+    script = Path(sys.executable).with_name("npu-manager")
+    return subprocess.run(
+        [str(script), *argv], capture_output=True, text=True, env=dict(os.environ), check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def demo_json() -> dict[str, Any]:
+    """One short real demo on onnxruntime, both runs, as JSON."""
+    result = console("demo", "--real", "--driver", "onnxruntime", "--seconds", "1.2", "--json")
+    assert result.returncode == 0, result.stderr
+    runs: dict[str, Any] = json.loads(result.stdout)
+    return runs
+
+
+def test_every_app_of_the_demo_runs_real_work_in_both_runs(demo_json: dict[str, Any]) -> None:
+    apps = {app.name for app in load_scenario(shipped_scenarios()["demo"]).apps}
+    assert set(demo_json) == {"direct", "managed"}
+    for mode, run in demo_json.items():
+        assert set(run) == SIMULATED_KEYS, mode
+        assert set(run["jobs_done"]) == apps == {"camera", "assistant", "llm", "indexer"}
+        assert run["camera_frames"] == run["jobs_done"]["camera"] >= 1
+        # the scaled start times: the indexer starts at 40 ms, the assistant at 400 ms
+        assert run["jobs_done"]["indexer"] >= 1, mode
+        assert run["indexer_jobs_done"] == run["jobs_done"]["indexer"]
+        assert run["assistant_jobs_done"] == run["jobs_done"]["assistant"]
+
+
+def test_the_table_names_the_apps_the_driver_and_the_policy() -> None:
+    result = console("demo", "--real", "--driver", "onnxruntime", "--seconds", "0.3")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "camera (foreground), assistant (cached), llm (cached), indexer (cached)" in out
+    assert "real models on onnxruntime" in out and "'pressure' policy" in out
+    for row in ("camera deadline misses", "assistant jobs done", "indexer jobs done"):
+        assert row in out
+    assert "DIRECT" in out and "MANAGED" in out
+
+
+def test_a_scenario_file_is_played_for_real(tmp_path: Path) -> None:
+    scenario = tmp_path / "two.toml"
+    scenario.write_text(
+        'name = "two"\nduration_ms = 1000\npolicy = "status_quo"\n'
+        '[[apps]]\nname = "cam"\nrole = "camera"\nuid = 10001\nmodel_bytes = 1000\n'
+        '[apps.work]\nkind = "periodic"\nperiod_ms = 20\ncost_us = 1000\ndeadline_ms = 20\n'
+        '[[apps]]\nname = "bulk"\nrole = "background"\nuid = 10002\nmodel_bytes = 1000\n'
+        'importance = "CACHED"\n[apps.work]\nkind = "loop"\nburst = 2\ncost_us = 2000\n'
+    )
+    result = console(
+        "demo", "--real", "--driver", "onnxruntime", "--scenario", str(scenario), "--seconds",
+        "0.4", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for run in json.loads(result.stdout).values():
+        assert set(run) == {
             "camera_frames",
             "camera_deadline_misses",
             "camera_p99_ms",
             "background_jobs_done",
+            "unload_requests",
             "jobs_done",
         }
-        assert metrics["camera_frames"] >= 1
-        assert metrics["jobs_done"]["camera"] == metrics["camera_frames"]
+        assert run["jobs_done"]["bulk"] >= 1 and run["camera_frames"] >= 1
 
 
-def test_demo_real_table_names_the_driver(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--real", "--driver", "onnxruntime", "--seconds", "0.2"]) == 0
-    out = capsys.readouterr().out
-    assert "real models on onnxruntime" in out
-    assert "camera deadline misses" in out and "MANAGED" in out
+def test_managed_apps_give_their_model_back_when_asked_and_take_turns() -> None:
+    turns = shipped_scenarios()["turn_taking"]
+    result = console(
+        "demo", "--real", "--driver", "onnxruntime", "--scenario", str(turns), "--seconds",
+        "1.2", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    runs = json.loads(result.stdout)
+    assert runs["direct"]["unload_requests"] == {}
+    assert runs["managed"]["unload_requests"].get("HIGHER_PRIORITY_REQUEST", 0) >= 1
+    assert all(done >= 1 for done in runs["managed"]["jobs_done"].values()), runs["managed"]
+
+
+def test_an_inference_longer_than_the_real_demo_runs_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = tmp_path / "long.toml"
+    scenario.write_text(
+        'name = "long"\nduration_ms = 1000\n[[apps]]\nname = "a"\nuid = 1\nmodel_bytes = 1\n'
+        '[apps.work]\nkind = "loop"\ncost_us = 900000\n'
+    )
+    argv = ["demo", "--real", "--driver", "onnxruntime", "--scenario", str(scenario)]
+    assert main(argv) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "apps.0.work.cost_us: 900000 us" in err
+    assert "at most 500000 us" in err
 
 
 def test_demo_real_with_a_simulated_driver_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--real", "--driver", "reference", "--seconds", "0.1"]) != 0
     err = capsys.readouterr().err
-    assert err.count("\n") == 1
+    assert err.count("\n") == 1 and "runs no real models" in err
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1", "601"])
+def test_seconds_out_of_range_is_one_line(seconds: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--real", "--driver", "onnxruntime", "--seconds", seconds]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--seconds must be within 0..600" in err
+
+
+class Done(Future[list[int]]):
+    """A future that has its outputs at once, counting how many were made."""
+
+    made = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        Done.made += 1
+        self.set_result([1])
+
+
+def _app(kind: str, **work: Any) -> Any:
+    data = {
+        "name": "s",
+        "duration_ms": 1000,
+        "apps": [{"name": "a", "uid": 1, "model_bytes": 1, "work": {"kind": kind, **work}}],
+    }
+    return parse_scenario(data).apps[0]
+
+
+def _play_for(app: Any, runner: Runner, seconds: float) -> AppScore:
+    stop, score = threading.Event(), AppScore()
+    threading.Timer(seconds, stop.set).start()
+    play(app, runner, stop, score)
+    return score
+
+
+def test_periodic_work_times_each_inference_against_its_deadline() -> None:
+    slow = iter([0.0, 0.2] + [0.0] * 1000)
+    app = _app("periodic", period_ms=10, cost_us=1, deadline_ms=20)
+    score = _play_for(app, Runner(lambda: time.sleep(next(slow)), Done), 0.3)
+    assert score.done == len(score.latencies_ms) >= 2
+    assert score.latencies_ms[1] >= 200
+    assert score.misses == sum(1 for ms in score.latencies_ms if ms > 20) >= 1
+
+
+def test_a_loop_keeps_burst_inferences_in_flight_and_cancels_them_at_the_end() -> None:
+    left: list[Future[list[int]]] = []
+
+    def submit() -> Future[list[int]]:
+        future: Future[list[int]] = Future()
+        left.append(future)
+        if len(left) <= 5:
+            future.set_result([1])
+        return future
+
+    score = _play_for(_app("loop", burst=3, cost_us=1000), Runner(lambda: None, submit), 0.1)
+    assert score.done == 5
+    assert len(left) == 8 and all(f.cancelled() for f in left[5:])
+
+
+def test_bursts_come_every_period() -> None:
+    stop, score, starts = threading.Event(), AppScore(), []
+
+    def submit() -> Done:
+        if Done.made % 4 == 0:
+            starts.append(time.perf_counter())
+        if Done.made == 11:
+            stop.set()
+        return Done()
+
+    Done.made = 0
+    play(_app("burst", burst=4, period_ms=30, cost_us=1), Runner(print, submit), stop, score)
+    assert Done.made == 12 and score.done == 8  # the third burst came after the stop
+    assert all(b - a >= 0.03 * 0.99 for a, b in itertools.pairwise(starts))
+
+
+def test_an_app_whose_model_is_taken_back_stops_and_says_why() -> None:
+    def gone() -> None:
+        raise UnknownModelError("model 3 is no longer loaded")
+
+    app = _app("periodic", period_ms=10, cost_us=1)
+    score = _play_for(app, Runner(gone, Done), 0.05)
+    assert score.error == "model 3 is no longer loaded" and score.done == 0
+
+
+def test_metrics_report_only_the_roles_some_app_plays() -> None:
+    scenario = load_scenario(shipped_scenarios()["demo"])
+    scores = {app.name: AppScore(done=2) for app in scenario.apps}
+    scores["camera"].latencies_ms = [5.0, 40.0]
+    scores["camera"].misses = 1
+    out = metrics(scenario, scores)
+    assert out["camera_frames"] == 2 and out["camera_p99_ms"] == 40.0
+    assert out["background_jobs_done"] == 2 and "apps_stopped" not in out
+    assert out["unload_requests"] == {}
+    scores["llm"].error = "revoked"
+    scores["llm"].unloads = ["THERMAL", "THERMAL"]
+    again = metrics(scenario, scores)
+    assert again["apps_stopped"] == {"llm": "revoked"}
+    assert again["unload_requests"] == {"THERMAL": 2}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -158,3 +159,83 @@ def test_peek_names_the_job_pick_takes_and_takes_nothing(
         assert sched.depth == depth
         assert sched.pick(t) is seen
     assert sched.peek(t) is None
+
+
+def _state(sched: DeviceScheduler[Job]) -> object:
+    flows = {k: (f.vruntime, f.running, [e[:2] for e in f.queue]) for k, f in sched.flows.items()}
+    running = [None if j is None else (j.id, j.band, j.run_start_us) for j in sched.running]
+    return flows, running, sched.live, sched.busy, sched.credit, sched.queued
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from([Scheduler.FAIR, Scheduler.STRICT]),
+    st.lists(st.tuples(st.sampled_from(sorted(APPS)), st.integers(1, 500)), max_size=16),
+)
+def test_admit_is_enqueue_pick_and_start_when_nothing_waits(
+    scheduler: Scheduler, steps: list[tuple[int, int]]
+) -> None:
+    spec = DeviceSpec(channels=2, scheduler=scheduler, floor_window_us=300)
+    admitted: DeviceScheduler[Job] = DeviceScheduler(spec)
+    queued: DeviceScheduler[Job] = DeviceScheduler(spec)
+    t = 0
+    for n, (uid, dt) in enumerate(steps, start=1):
+        t += dt
+        free = [c for c, j in enumerate(admitted.running) if j is None]
+        if not free:  # the oldest running job ends on both
+            old = min((j for j in admitted.running if j is not None), key=lambda j: j.id)
+            twin = next(j for j in queued.running if j is not None and j.id == old.id)
+            admitted.stop(old, t, requeue=False)
+            queued.stop(twin, t, requeue=False)
+            free = [c for c, j in enumerate(admitted.running) if j is None]
+        admitted.admit(Job(n, uid, APPS[uid]), free[0], t)
+        job = Job(n, uid, APPS[uid])
+        queued.enqueue(job, t)
+        assert queued.pick(t) is job
+        queued.start(job, free[0], t)
+        assert _state(admitted) == _state(queued)
+
+
+def test_admit_refuses_when_a_job_waits() -> None:
+    sched: DeviceScheduler[Job] = DeviceScheduler(DeviceSpec(channels=1))
+    sched.enqueue(Job(1, 10, 100), 0)
+    with pytest.raises(ValueError, match="admit only when no job waits"):
+        sched.admit(Job(2, 10, 100), 0, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from([Scheduler.FAIR, Scheduler.STRICT]),
+    st.lists(st.tuples(st.integers(1, 3), st.integers(0, 1200)), min_size=1, max_size=12),
+    st.sampled_from([100, 300, 1000]),
+)
+def test_pick_below_takes_the_first_in_pick_order_of_the_bands_above(
+    scheduler: Scheduler, jobs: list[tuple[int, int]], below: int
+) -> None:
+    spec = DeviceSpec(channels=1, scheduler=scheduler)
+    every: DeviceScheduler[Job] = DeviceScheduler(spec)
+    some: DeviceScheduler[Job] = DeviceScheduler(spec)
+    for n, (uid, priority) in enumerate(jobs, start=1):
+        for sched in (every, some):
+            sched.enqueue(Job(id=n, uid=uid, effective_priority=priority), n)
+    t = len(jobs) + 1
+    order = []
+    while every.depth:
+        job = every.pick(t)
+        assert job is not None
+        order.append(job)
+    under = [j.id for j in order if j.effective_priority < below]
+    if scheduler == Scheduler.STRICT:  # the head only: strict has no bands to look past
+        under = under[:1] if order[0].effective_priority < below else []
+    got = some.peek(t, below)
+    taken = some.pick(t, below)
+    assert (got.id if got else None) == (taken.id if taken else None)
+    assert (taken.id if taken else None) == (under[0] if under else None)
+    assert some.depth == len(jobs) - (taken is not None)
+
+
+def test_time_passed_in_never_goes_back() -> None:
+    sched: DeviceScheduler[Job] = DeviceScheduler(DeviceSpec(channels=1))
+    sched.enqueue(Job(1, 10, 100), 10)
+    with pytest.raises(AssertionError, match="time went back: 5 after 10"):
+        sched.peek(5)

@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--real",
         action="store_true",
-        help="run the camera and background apps as real models on a real driver, wall clock",
+        help="run the scenario's apps as real models on a real driver, on the wall clock",
     )
     demo.add_argument(
         "--seconds",

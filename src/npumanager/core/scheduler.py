@@ -105,6 +105,18 @@ class DeviceScheduler(Generic[J]):
             self.live[job.band] += 1
         self._push(job)
 
+    def admit(self, job: J, channel: int, t: int) -> None:
+        """A new job runs on free `channel` from `t` without queueing; only when nothing
+        waits, where it is what `enqueue`, `pick` and `start` at `t` would do, in one step."""
+        if self.queued:
+            raise ValueError("admit only when no job waits: enqueue it, then pick")
+        self._fold(t)
+        if self.fair:
+            job.band = self.spec.band_of(job.effective_priority)
+            self.live[job.band] += 1
+            self._flow(job.band, job.uid, self.flows)
+        self.start(job, channel, t)
+
     def remove(self, job: J, t: int) -> None:
         """A waiting job leaves the queue for good (cancelled, failed, revoked)."""
         self._fold(t)
@@ -177,23 +189,29 @@ class DeviceScheduler(Generic[J]):
 
     # Decisions ----------------------------------------------------------------------
 
-    def peek(self, t: int) -> J | None:
-        """The job `pick(t)` would take, without taking it (a driver may hold it back)."""
-        if not self.queued:
-            return None
-        self._fold(t)
-        return self.heap[0][2] if not self.fair else self._ranked(1)[0]
-
-    def pick(self, t: int) -> J | None:
-        """Take the job that a free channel runs next at `t`, if any waits."""
+    def peek(self, t: int, below: int | None = None) -> J | None:
+        """The job `pick(t, below)` would take, without taking it (a driver may hold it
+        back). `below`: only among jobs of effective priority under it (under fair, it is
+        meant to be a band's first priority: the bands before it)."""
         if not self.queued:
             return None
         self._fold(t)
         if not self.fair:
-            self.queued -= 1
-            return heapq.heappop(self.heap)[2]
-        job = self._ranked(1)[0]
-        self.flows[(job.band, job.uid)].queue.pop(0)
+            head = self.heap[0][2]
+            return head if below is None or head.effective_priority < below else None
+        ranked = self._ranked(1, below)
+        return ranked[0] if ranked else None
+
+    def pick(self, t: int, below: int | None = None) -> J | None:
+        """Take the job that a free channel runs next at `t` (among those under `below`, as
+        `peek`), if any waits."""
+        job = self.peek(t, below)
+        if job is None:
+            return None
+        if not self.fair:
+            heapq.heappop(self.heap)
+        else:
+            self.flows[(job.band, job.uid)].queue.pop(0)
         self.queued -= 1
         return job
 
@@ -255,13 +273,15 @@ class DeviceScheduler(Generic[J]):
 
     def _fold(self, t: int) -> None:
         """Bring virtual runtimes and floor credits up to `t` (rates are constant since)."""
+        assert t >= self.folded_us, f"time went back: {t} after {self.folded_us}"
         if not self.fair or t == self.folded_us:
             self.folded_us = t
             return
         dt = t - self.folded_us
-        for job in self._run():
-            self.flows[(job.band, job.uid)].vruntime += (t - job.acct_us) * self._weight(job)
-            job.acct_us = t
+        for job in self.running:
+            if job is not None:
+                self.flows[(job.band, job.uid)].vruntime += (t - job.acct_us) * self._weight(job)
+                job.acct_us = t
         floor, window = self.spec.floor_percent, self.spec.floor_window_us
         above = 0
         for band, live in enumerate(self.live):
@@ -272,13 +292,17 @@ class DeviceScheduler(Generic[J]):
             above += self.busy[band]
         self.folded_us = t
 
-    def _ranked(self, n: int) -> list[J]:
-        """The next `n` jobs `pick` would take, in order, without taking them."""
+    def _ranked(self, n: int, below: int | None = None) -> list[J]:
+        """The next `n` jobs `pick` would take, in order, without taking them (only from
+        bands that start under `below`, if given)."""
         taken: dict[tuple[int, int], int] = {}
         out: list[J] = []
+        bands = self.spec.bands
         for _ in range(n):
             best: tuple[tuple[int, int, int, int, int], tuple[int, int]] | None = None
             for name, flow in self.flows.items():
+                if below is not None and bands[name[0]].first_priority >= below:
+                    continue
                 at = taken.get(name, 0)
                 if at < len(flow.queue):
                     band, head = name[0], flow.queue[at]

@@ -117,3 +117,8 @@ class DriverCapability(StrEnum):
     MULTI_DEVICE = "multi_device"
     FAIR_SHARE = "fair_share"
     """Bands with fair share between uids and a floor for lower bands (`DeviceSpec`)."""
+    RESTART_PREEMPTION = "restart_preemption"
+    """A running job of a less important band is stopped with the runtime's own cancel to
+    make room for a more important one, and requeued: ENDED(PAUSED), later STARTED(RESUMED)
+    from the beginning (its progress is lost). Not `preemption`, which resumes where it
+    paused."""

@@ -263,8 +263,22 @@ REAL_RESERVED_CHANNELS: Final = 1
 """Channels of a real-runtime device that background work leaves free (it always gets one,
 and takes them when it is more important than all that runs): a foreground inference then
 starts at once instead of waiting for a background one."""
+REAL_BACKGROUND_NICE: Final = 10
+"""How much lower (in `nice` steps) a real-runtime device's background workers run than the
+process: where the runtime computes on the calling thread, the OS then gives a core to the
+foreground first when cores are short. 0 leaves them at the process's priority."""
+REAL_UNKNOWN_CONFIGS_KEPT: Final = 256
+"""Scheduling configs of unconfigured uids a real driver keeps built (it is pydantic, and
+such a uid's every submission needs one)."""
+MAX_NICE: Final = 19
+"""The largest `nice` value on Linux: the least CPU priority a thread can have."""
 REAL_DEMO_SECONDS: Final = 4.0
 """How long each run of `npu-manager demo --real` lasts, in wall-clock seconds."""
+MAX_REAL_DEMO_SECONDS: Final = 600.0
+"""The longest run `npu-manager demo --real --seconds` takes."""
+MAX_REAL_DEMO_COST_US: Final = 500_000
+"""The longest inference `demo --real` runs for an app (its `cost_us`): the inputs of the
+model built in code grow with it, about 100 MiB at this length."""
 
 HEALTH_READ_INTERVAL_MS: Final = 1_000
 """How often a health source is read unless it asks otherwise (ivpu advises at most 1/s)."""

@@ -20,6 +20,7 @@ from typing import Any, Protocol, TextIO
 from npumanager.core.plugins import PluginRegistry
 from npumanager.errors import ConfigError, NpuManagerError
 from npumanager.schemas import DriverCapability, DriverRecord
+from npumanager.schemas.limits import MAX_REAL_DEMO_SECONDS
 from npumanager.simulation.managed import check_policy
 from npumanager.simulation.progress import ProgressBar
 from npumanager.simulation.runner import RunResult, run_direct, run_managed
@@ -123,9 +124,9 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def demo(ctx: Context, table: Table, default: Path) -> int:
     """Play the demo scenario (or `--scenario FILE`) direct and managed; `--real`: its
-    camera and background apps as real models on this machine."""
+    apps as real models on this machine, on the wall clock."""
     if getattr(ctx.args, "real", False):
-        return _play_real(ctx, table)
+        return _play_real(ctx, table, default)
     path = ctx.args.scenario or default
     return _play(ctx, table, load_scenario(path), MODES, str(path))
 
@@ -230,23 +231,32 @@ def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str], 
     return 0
 
 
-def _play_real(ctx: Context, table: Table) -> int:
+def _play_real(ctx: Context, table: Table, default: Path) -> int:
     from npumanager.simulation import real_demo
 
     asked = None if ctx.args.driver == DEFAULT_DRIVER else ctx.args.driver
     driver = real_demo.pick_driver(ctx.registry, asked)
     seconds = ctx.args.seconds
+    if not 0 < seconds <= MAX_REAL_DEMO_SECONDS:
+        raise NpuManagerError(
+            f"--seconds must be within 0..{MAX_REAL_DEMO_SECONDS:g} (wall time per run); "
+            f"got {seconds:g}"
+        )
+    scenario = load_scenario(ctx.args.scenario or default)
+    plan = real_demo.Plan(ctx.registry, driver, scenario, seconds)
     metrics = {
-        "direct": real_demo.run_direct(ctx.registry, driver, seconds),
-        "managed": real_demo.run_managed(ctx.registry, driver, seconds),
+        "direct": real_demo.run_direct(plan),
+        "managed": real_demo.run_managed(plan, ctx.registry),
     }
     if ctx.args.json:
         json.dump(metrics, ctx.out, indent=2)
         ctx.out.write("\n")
         return 0
+    apps = ", ".join(f"{app.name} ({app.importance.name.lower()})" for app in scenario.apps)
+    print(f"demo --real: {scenario.name}'s apps {apps}", file=ctx.out)
     print(
-        f"demo --real: a camera (foreground, a frame every 33 ms) beside a background app "
-        f"(cached), real models on {driver}, {seconds:g} s of wall time per run\n",
+        f"real models on {driver}, {seconds:g} s of wall time per run; managed runs the "
+        f"{scenario.policy!r} policy\n",
         file=ctx.out,
     )
     body = [
@@ -255,6 +265,9 @@ def _play_real(ctx: Context, table: Table) -> int:
         if key in metrics["managed"]
     ]
     print(table(body, ["", *(mode.upper() for mode in MODES)]), file=ctx.out)
+    for mode in MODES:
+        for name, why in metrics[mode].get("apps_stopped", {}).items():
+            print(f"{mode}: {name}: {why}", file=ctx.out)
     return 0
 
 

@@ -1,14 +1,21 @@
-"""`npu-manager demo --real`: the demo's camera and background apps as real models, on the
-wall clock, through a real driver (`onnxruntime`, `openvino`) on this machine's device.
+"""`npu-manager demo --real`: the demo scenario's apps as real models, on the wall clock,
+through a real driver (`onnxruntime`, `openvino`) on this machine's device.
 
-The camera (foreground) runs one inference per 33 ms frame with a 33 ms deadline; the
-background app (cached) keeps three inferences in flight. *Direct*: each app opens its own
-driver (its own runtime session, nobody arbitrates), as before npu-manager. *Managed*: both
-go through one `Service`. The keys are the simulated demo's where they apply.
+Every app of the scenario (the shipped demo: camera, assistant, background LLM, indexer)
+runs the model built in code with inputs sized so that one inference takes its `cost_us`
+here, and does its work (`real_apps`). Start times and timed importance changes are
+scaled to the run's `seconds`; periods, deadlines and costs are real. *Direct*: each app
+opens a driver of its own (its own runtime session, threads at the process's priority,
+nobody arbitrating), as before npu-manager. *Managed*: all go through one `Service` with
+the scenario's policy, importances and model priorities; an app asked for its model back
+gives it back and asks again after `retry_ms`. Heat and memory-pressure events have
+nothing real to act on and are left out, and so are the memory and thermal rows: the keys
+are the simulated demo's where they apply.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -18,125 +25,224 @@ from npumanager.core.plugins import PluginRegistry
 from npumanager.core.service import Service
 from npumanager.errors import NpuManagerError
 from npumanager.schemas import ModelLoadRequest, ModelSize
-from npumanager.schemas.enums import Importance
-
-CAMERA, BACKGROUND = 10100, 10300
-FRAME_S = 0.033
-CAMERA_MS, BACKGROUND_MS = 4.0, 10.0
-"""Rough duration of one inference of each app here."""
-IN_FLIGHT = 3
-
-
-def _calibrate(
-    registry: PluginRegistry, driver: str
-) -> tuple[bytes, dict[str, Any], dict[str, Any]]:
-    """The model built in code and each app's inputs, sized on this machine."""
-    probe: Any = registry.driver(driver).factory()
-    close = probe.close
-    if not isinstance(probe, TimedWork):
-        close()
-        raise NpuManagerError(
-            f"driver {driver!r} runs no real models; demo --real takes {', '.join(REAL_DRIVERS)}"
-        )
-    try:
-        model = probe.load_timed_model()
-        return (
-            probe.timed_model(),
-            probe.timed_inputs(model, CAMERA_MS),
-            probe.timed_inputs(model, BACKGROUND_MS),
-        )
-    finally:
-        close()
-
-
-def _camera(run: Any, seconds: float) -> list[float]:
-    latencies: list[float] = []
-    next_at = time.perf_counter()
-    end = next_at + seconds
-    while next_at < end:
-        time.sleep(max(0.0, next_at - time.perf_counter()))
-        start = time.perf_counter()
-        run()
-        latencies.append((time.perf_counter() - start) * 1000)
-        next_at = max(next_at + FRAME_S, time.perf_counter() - FRAME_S)
-    return latencies
-
-
-def _background(submit: Any, stop: threading.Event, done: list[int]) -> None:
-    pending = [submit() for _ in range(IN_FLIGHT)]
-    while not stop.is_set():
-        pending.pop(0).result()
-        done[0] += 1
-        pending.append(submit())
-    for handle in pending:
-        handle.cancel()
-
-
-def _metrics(latencies: list[float], background: int) -> dict[str, Any]:
-    ordered = sorted(latencies)
-    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
-    misses = sum(1 for value in latencies if value > FRAME_S * 1000)
-    return {
-        "camera_frames": len(latencies),
-        "camera_deadline_misses": misses,
-        "camera_p99_ms": round(p99, 2),
-        "background_jobs_done": background,
-        "jobs_done": {"camera": len(latencies), "background": background},
-    }
-
-
-def _play(camera: Any, submit_background: Any, seconds: float) -> dict[str, Any]:
-    stop, done = threading.Event(), [0]
-    flood = threading.Thread(target=_background, args=(submit_background, stop, done))
-    flood.start()
-    try:
-        latencies = _camera(camera, seconds)
-    finally:
-        stop.set()
-        flood.join()
-    return _metrics(latencies, done[0])
-
-
-def run_direct(registry: PluginRegistry, driver: str, seconds: float) -> dict[str, Any]:
-    """Each app with its own driver and runtime session, nobody arbitrating."""
-    model, camera_in, background_in = _calibrate(registry, driver)
-    factory = registry.driver(driver).factory
-    cam: Any = factory(devices=[{"channels": 1}], reserved_channels=0)
-    bg: Any = factory(devices=[{"channels": IN_FLIGHT}], reserved_channels=0)
-    try:
-        cam_model, bg_model = cam.load_model(0, model=model), bg.load_model(0, model=model)
-        return _play(
-            lambda: cam.run_inference(cam_model, uid=CAMERA, inputs=camera_in),
-            lambda: bg.submit_future(bg_model, uid=BACKGROUND, inputs=background_in),
-            seconds,
-        )
-    finally:
-        cam.close()
-        bg.close()
-
-
-def run_managed(registry: PluginRegistry, driver: str, seconds: float) -> dict[str, Any]:
-    """Both apps through one `Service` on one device of the real driver (its default
-    channels, one of them left free of background work)."""
-    model, camera_in, background_in = _calibrate(registry, driver)
-    with Service(driver, "status_quo", registry=registry) as svc:
-        svc.set_uid_importance(CAMERA, Importance.FOREGROUND)
-        svc.set_uid_importance(BACKGROUND, Importance.CACHED)
-        camera_app = svc.manager(CAMERA, uses_feature=True)
-        background_app = svc.manager(BACKGROUND, uses_feature=True)
-        request = ModelLoadRequest.Builder(1).set_size(ModelSize.LESS_THAN_1GB).build()
-        other = ModelLoadRequest.Builder(2).set_size(ModelSize.LESS_THAN_1GB).build()
-        with (
-            camera_app.reserve(request, timeout_s=30) as cam_lease,
-            background_app.reserve(other, timeout_s=30) as bg_lease,
-        ):
-            cam = cam_lease.load_model(model=model)
-            bg = bg_lease.load_model(model=model)
-            return _play(lambda: cam.run(camera_in), lambda: bg.submit(background_in), seconds)
-
+from npumanager.schemas.limits import MAX_REAL_DEMO_COST_US
+from npumanager.simulation.real_apps import WAIT_S, AppScore, Runner, play
+from npumanager.simulation.scenario import App, Scenario
 
 REAL_DRIVERS = ("openvino", "onnxruntime")
 """The real drivers `demo --real` picks from, in order, when none is named."""
+
+
+class Plan:
+    """What both runs share: the model, each app's inputs, when things happen."""
+
+    def __init__(self, registry: PluginRegistry, driver: str, scenario: Scenario, seconds: float):
+        for index, app in enumerate(scenario.apps):
+            if app.work.cost_us > MAX_REAL_DEMO_COST_US:
+                raise NpuManagerError(
+                    f"apps.{index}.work.cost_us: {app.work.cost_us} us is longer than demo "
+                    f"--real runs one inference (at most {MAX_REAL_DEMO_COST_US} us)"
+                )
+        self.driver, self.scenario, self.seconds = driver, scenario, seconds
+        self.scale = seconds * 1000 / scenario.duration_ms
+        """Wall seconds per scenario second, for start times and events."""
+        self.factory = registry.driver(driver).factory
+        probe: Any = self.factory()
+        close, model_bytes = probe.close, getattr(probe, "model_bytes", None)
+        try:
+            if not isinstance(probe, TimedWork) or model_bytes is None:
+                raise NpuManagerError(
+                    f"driver {driver!r} runs no real models; demo --real takes "
+                    f"{', '.join(REAL_DRIVERS)}"
+                )
+            timed = probe.load_timed_model()
+            self.model = probe.timed_model()
+            self.weight_bytes: int = model_bytes(timed)
+            """The real model's weights: what each managed app declares it needs."""
+            self.inputs = {
+                app.name: probe.timed_inputs(timed, app.work.cost_us / 1000)
+                for app in scenario.apps
+            }
+        finally:
+            close()
+
+    def at(self, scenario_ms: int) -> float:
+        """Seconds into the run of a scenario time."""
+        return scenario_ms / 1000 * self.scale
+
+    def until(self, app: App) -> float:
+        """Seconds into the run at which the app gives up its model."""
+        return self.seconds if app.stop_ms is None else min(self.seconds, self.at(app.stop_ms))
+
+
+def _request(index: int, app: App) -> ModelLoadRequest:
+    # The real model is a few MiB whatever the scenario's model_bytes: the app asks for
+    # the smallest size class and declares the real bytes (`Plan.weight_bytes`).
+    builder = ModelLoadRequest.Builder(index).set_size(ModelSize.LESS_THAN_1GB)
+    return builder.set_priority(app.priority).build()
+
+
+def _app_thread(plan: Plan, app: App, t0: float, body: Any, score: AppScore) -> threading.Thread:
+    """The app's thread: it starts at its time, runs `body(stop, end)` until its end (a
+    `perf_counter` time), when `stop` is set."""
+
+    def life() -> None:
+        stop, end = threading.Event(), t0 + plan.until(app)
+        if stop.wait(max(0.0, t0 + plan.at(app.start_ms) - time.perf_counter())):
+            return
+        timer = threading.Timer(max(0.0, end - time.perf_counter()), stop.set)
+        timer.start()
+        try:
+            body(stop, end)
+        except NpuManagerError as exc:
+            score.error = str(exc)
+        finally:
+            timer.cancel()
+
+    return threading.Thread(target=life, name=f"app-{app.name}", daemon=True)
+
+
+def run_direct(plan: Plan) -> dict[str, Any]:
+    """Each app with its own driver and runtime session, nobody arbitrating."""
+    factory = plan.factory
+    scores = {app.name: AppScore() for app in plan.scenario.apps}
+    with contextlib.ExitStack() as stack:
+        bodies = []
+        for app in plan.scenario.apps:
+            channels = 1 if app.work.kind == "periodic" else app.work.burst
+            driver: Any = factory(
+                devices=[{"channels": channels}],
+                reserved_channels=0,
+                background_nice=0,
+                restart_preemption=False,
+            )
+            stack.callback(driver.close)
+            handle = driver.load_model(0, model=plan.model)
+            feeds = plan.inputs[app.name]
+            runner = Runner(
+                run=_bind(driver.run_inference, handle, app.uid, feeds),
+                submit=_bind(driver.submit_future, handle, app.uid, feeds),
+            )
+            bodies.append((app, _worker(app, runner, scores[app.name])))
+        t0 = time.perf_counter()  # once every app's model is loaded, as in the managed run
+        _run([_app_thread(plan, app, t0, body, scores[app.name]) for app, body in bodies])
+    return metrics(plan.scenario, scores)
+
+
+def run_managed(plan: Plan, registry: PluginRegistry) -> dict[str, Any]:
+    """All the apps through one `Service` on one device of the real driver (its default
+    channels, one of them left free of background work), under the scenario's policy."""
+    scenario = plan.scenario
+    scores = {app.name: AppScore() for app in scenario.apps}
+    with Service(
+        plan.driver, scenario.policy, policy_params=scenario.policy_params, registry=registry
+    ) as svc:
+        for app in scenario.apps:
+            svc.set_uid_importance(app.uid, app.importance)
+        t0 = time.perf_counter()
+        threads = [
+            _app_thread(plan, app, t0, _managed_body(svc, plan, i, app, scores[app.name]), score)
+            for i, (app, score) in enumerate(zip(scenario.apps, scores.values(), strict=True), 1)
+        ]
+        changes = threading.Thread(target=_importance_changes, args=(svc, plan, t0), daemon=True)
+        _run([*threads, changes])
+    return metrics(scenario, scores)
+
+
+def _managed_body(svc: Service, plan: Plan, index: int, app: App, score: AppScore) -> Any:
+    """A managed app's life: ask for its model, work until the run ends or the service
+    wants the model back, then give it back and (after `retry_ms`) ask again."""
+
+    def body(stop: threading.Event, end: float) -> None:
+        manager = svc.manager(app.uid, uses_feature=True)
+        while not stop.is_set():
+            wait = max(0.001, end - time.perf_counter())
+            try:  # only the grant times out: the work itself waits in steps (`real_apps`)
+                with manager.reserve(
+                    _request(index, app), timeout_s=wait, weight_bytes=plan.weight_bytes
+                ) as lease:
+                    model = lease.load_model(model=plan.model)
+                    play(app, _runner(model, plan.inputs[app.name]), _until(stop, lease), score)
+            except TimeoutError:
+                score.error = score.error or "its model was not granted during the run"
+                return
+            if lease.unload_requested:
+                reason = lease.unload_reason
+                score.unloads.append(reason.name if reason is not None else "UNKNOWN")
+            stop.wait(app.retry_ms / 1000)
+
+    return body
+
+
+def _runner(model: Any, feeds: dict[str, Any]) -> Runner:
+    return Runner(lambda: model.run(feeds), lambda: model.submit(feeds))
+
+
+def _until(stop: threading.Event, lease: Any) -> threading.Event:
+    """An event set when `stop` is or the service asks for the lease's model back
+    (looked at every `WAIT_S`)."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(WAIT_S) and not lease.unload_requested:
+            pass
+        done.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return done
+
+
+def _importance_changes(svc: Service, plan: Plan, t0: float) -> None:
+    """The scenario's importance events, at their scaled times (managed only: direct apps
+    have nobody to tell)."""
+    for event in sorted(plan.scenario.events, key=lambda e: e.at_ms):
+        if event.kind != "importance" or event.app is None or event.importance is None:
+            continue
+        at = t0 + plan.at(event.at_ms)
+        if at >= t0 + plan.seconds:
+            return
+        time.sleep(max(0.0, at - time.perf_counter()))
+        svc.set_uid_importance(plan.scenario.app(event.app).uid, event.importance)
+
+
+def _bind(method: Any, handle: int, uid: int, feeds: dict[str, Any]) -> Any:
+    return lambda: method(handle, uid=uid, inputs=feeds)
+
+
+def _worker(app: App, runner: Runner, score: AppScore) -> Any:
+    return lambda stop, end: play(app, runner, stop, score)
+
+
+def _run(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def metrics(scenario: Scenario, scores: dict[str, AppScore]) -> dict[str, Any]:
+    """The simulated demo's keys that apply to a real run, for the roles some app plays."""
+    out: dict[str, Any] = {}
+    by_role: dict[str, list[AppScore]] = {}
+    for app in scenario.apps:
+        by_role.setdefault(app.role, []).append(scores[app.name])
+    if "camera" in by_role:
+        cameras = by_role["camera"]
+        latencies = sorted(v for s in cameras for v in s.latencies_ms)
+        p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else 0.0
+        out["camera_frames"] = sum(len(s.latencies_ms) for s in cameras)
+        out["camera_deadline_misses"] = sum(s.misses for s in cameras)
+        out["camera_p99_ms"] = round(p99, 2)
+    for role in ("background", "assistant", "indexer"):
+        if role in by_role:
+            out[f"{role}_jobs_done"] = sum(s.done for s in by_role[role])
+    reasons = [reason for score in scores.values() for reason in score.unloads]
+    out["unload_requests"] = {reason: reasons.count(reason) for reason in sorted(set(reasons))}
+    out["jobs_done"] = {app.name: scores[app.name].done for app in scenario.apps}
+    stopped = {app.name: scores[app.name].error for app in scenario.apps}
+    if any(stopped.values()):
+        out["apps_stopped"] = {name: error for name, error in stopped.items() if error}
+    return out
 
 
 def pick_driver(registry: PluginRegistry, asked: str | None) -> str:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from npumanager.core.events import EventKind, WorkEvent
-from npumanager.schemas import DriverCapability, EndReason, SchedulingConfig
+from npumanager.schemas import DriverCapability, EndReason, SchedulingConfig, StartReason
 from npumanager.schemas.limits import VTS_ID_ITEMS
 from npumanager.testing.base import (
     NO_FLOOR,
@@ -213,6 +213,44 @@ class OrderRules(SuiteBase):
             f"PausesLeastImportant: expected only the least important running job ({less}, "
             f"priority 500, not {more} at 100) paused for {urgent} on two channels; "
             f"observed paused {paused}"
+        )
+
+    @requires(DriverCapability.RESTART_PREEMPTION)
+    def test_RestartPreemption(self, make: Callable[..., Driver]) -> None:
+        driver = make([ONE_CHANNEL])
+        driver.set_scheduling_configs(
+            [
+                SchedulingConfig(uid=uid, app_priority=p)
+                for uid, p in ((84, 400), (85, 100), (86, 450))
+            ]
+        )
+        model = self.model(driver)
+        slow = driver.submit(model, uid=84, **self.work(driver, model, 300))
+        self.wait_ms(driver, 20)
+        same_band = driver.submit(model, uid=86, **self.work(driver, model, 5))
+        self.wait_ms(driver, 10)
+        urgent = driver.submit(model, uid=85, **self.work(driver, model, 5))
+        self.settle(driver)
+        events = driver.take_events()
+        assert lifecycle(events, slow) == [
+            ("REQUESTED", ""),
+            ("STARTED", "INITIAL"),
+            ("ENDED", "PAUSED"),
+            ("STARTED", "RESUMED"),
+            ("ENDED", "COMPLETED"),
+        ], (
+            f"RestartPreemption: expected the running normal-band job {slow} stopped once (for "
+            f"the focus-band {urgent}, not for the normal-band {same_band}) and run again to "
+            f"completion; observed {lifecycle(events, slow)}"
+        )
+        at = {(e.id, e.kind, e.reason): i for i, e in enumerate(events)}
+        paused = at[(slow, EventKind.ENDED, EndReason.PAUSED)]
+        assert at[(urgent, EventKind.STARTED, StartReason.INITIAL)] > paused, (
+            f"RestartPreemption: expected {urgent} to start on the channel {slow} left"
+        )
+        assert completion_order(events).index(urgent) == 0, (
+            f"RestartPreemption: expected {urgent} to finish first; completion order "
+            f"{completion_order(events)}"
         )
 
     def test_CancelSemantics(self, make: Callable[..., Driver]) -> None:

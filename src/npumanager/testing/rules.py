@@ -148,6 +148,14 @@ RULES: tuple[Rule, ...] = (
         "on several channels, pause the least important running job",
     ),
     Rule(
+        "RestartPreemption",
+        "test_RestartPreemption",
+        "restart_preemption",
+        "for a more important band with no free channel, stop a running job of a less "
+        "important band (runtime cancel) and requeue it: Ended(PAUSED), then Started(RESUMED) "
+        "from the start; never for its own band",
+    ),
+    Rule(
         "Cancel",
         "test_CancelSemantics",
         ALL,

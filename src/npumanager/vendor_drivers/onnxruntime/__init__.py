@@ -19,12 +19,18 @@ from npumanager.schemas import DriverCapability, DriverRecord
 log = logging.getLogger(__name__)
 
 CAPABILITIES = frozenset(
-    {DriverCapability.REAL_TIME, DriverCapability.MULTI_DEVICE, DriverCapability.FAIR_SHARE}
+    {
+        DriverCapability.REAL_TIME,
+        DriverCapability.MULTI_DEVICE,
+        DriverCapability.FAIR_SHARE,
+        DriverCapability.RESTART_PREEMPTION,
+    }
 )
-"""What the driver claims: real execution on the monotonic clock, several devices, and fair
-share between uids at dispatch (bands, virtual runtime, floor). No PREEMPTION (a running
-inference is never paused: a more important job takes the next free channel), no
-THERMAL_MODEL, no VIRTUAL_TIME."""
+"""What the driver claims: real execution on the monotonic clock, several devices, fair
+share between uids at dispatch (bands, virtual runtime, floor), and RESTART_PREEMPTION (a
+running job of a less important band is stopped with `RunOptions.terminate` and starts over
+when a more important one finds no free channel). No PREEMPTION (a running inference is
+never paused and resumed), no THERMAL_MODEL, no VIRTUAL_TIME."""
 
 EXTRA_HINT = "pip install 'npu-manager[onnxruntime]'"
 

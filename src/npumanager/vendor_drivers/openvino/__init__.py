@@ -18,10 +18,17 @@ from npumanager.schemas import DriverCapability, DriverRecord
 log = logging.getLogger(__name__)
 
 CAPABILITIES = frozenset(
-    {DriverCapability.REAL_TIME, DriverCapability.MULTI_DEVICE, DriverCapability.FAIR_SHARE}
+    {
+        DriverCapability.REAL_TIME,
+        DriverCapability.MULTI_DEVICE,
+        DriverCapability.FAIR_SHARE,
+        DriverCapability.RESTART_PREEMPTION,
+    }
 )
-"""Real execution on the monotonic clock, several devices, fair share at dispatch. No
-PREEMPTION (a running request is never paused), no THERMAL_MODEL, no VIRTUAL_TIME."""
+"""Real execution on the monotonic clock, several devices, fair share at dispatch, and
+RESTART_PREEMPTION (a running request of a less important band is stopped with
+`InferRequest.cancel()` and starts over). No PREEMPTION (a running request is never paused
+and resumed), no THERMAL_MODEL, no VIRTUAL_TIME."""
 
 EXTRA_HINT = "pip install 'npu-manager[openvino]'"
 

@@ -3,16 +3,23 @@ on worker threads (`RealDriver`) with async inference requests.
 
 `device` defaults to NPU when `Core().available_devices` has one, else CPU. Models come
 from ONNX (bytes or a `.onnx` path), OpenVINO IR (a `.xml` path with its `.bin`) or an
-`ov.Model`; weight bytes are the model's constants. On an NPU the capacity is what the
-device reports free (`NPU_DEVICE_TOTAL_MEM_SIZE - NPU_DEVICE_ALLOC_MEM_SIZE`), elsewhere
-`capacity_bytes`. A request runs with `start_async` and is waited for with `wait()`, which
-releases the GIL; a Python completion callback is not used (it runs on OpenVINO's thread
-and needs the GIL, and it does not fire on cancel). A running request is stopped with
+`ov.Model`; weight bytes are the model's constants. A model is compiled with one stream per
+channel (`NUM_STREAMS`, and `INFERENCE_NUM_THREADS` per stream times streams), so the
+channels' requests really run side by side; a device that grants fewer streams (the CPU: at
+most its cores) is logged. Streams are not pinned to cores (`ENABLE_CPU_PINNING` off):
+every app's model has its own, and pinned ones put two apps' requests on one core. The
+computing happens on OpenVINO's stream threads, which a lowered worker priority would not
+reach, so `background_nice` defaults to 0 here. On an NPU the capacity is what the device
+reports free (`NPU_DEVICE_TOTAL_MEM_SIZE - NPU_DEVICE_ALLOC_MEM_SIZE`), elsewhere
+`capacity_bytes`. A request runs with `start_async` on the caller's arrays (shared, not
+copied, as ONNX Runtime reads them) and is waited for with `wait()`, which releases the
+GIL; a Python completion callback is not used (it runs on OpenVINO's thread and needs the
+GIL, and it does not fire on cancel). A running request is stopped with
 `InferRequest.cancel()`, which ends the wait with an error. The uid's band is relayed as
 `MODEL_PRIORITY` (HIGH above the last two bands, MEDIUM next to last, LOW last) and
-`WORKLOAD_TYPE` (EFFICIENT for MEDIUM and LOW): at compile time where the device lists
-the property, afterwards with `set_property`; where the device takes neither (the CPU
-plugin) one log line says so and the driver's own queue does the ordering.
+`WORKLOAD_TYPE` (EFFICIENT for MEDIUM and LOW): at compile time where the device lists the
+property, afterwards with `set_property`; where the device takes neither (the CPU plugin)
+one log line says so and the driver's own queue does the ordering.
 """
 
 from __future__ import annotations
@@ -121,12 +128,18 @@ class OvSession:
         self.target = device
         self._listed = supported(core, device)
         config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
-        if "INFERENCE_NUM_THREADS" in self._listed:
-            config["INFERENCE_NUM_THREADS"] = threads
         if "NUM_STREAMS" in self._listed:
             # One stream per channel: with one, the plugin runs the channels' requests in
-            # turn, so a later urgent inference would wait for a running one.
+            # turn, so a later urgent inference would wait for a running one. A stream
+            # needs threads of its own: the thread count is per stream times streams.
             config["NUM_STREAMS"] = streams
+        if "INFERENCE_NUM_THREADS" in self._listed:
+            config["INFERENCE_NUM_THREADS"] = threads * (streams if "NUM_STREAMS" in config else 1)
+        if "ENABLE_CPU_PINNING" in self._listed:
+            # Each app's model has streams of its own; pinned, every model's first stream
+            # runs on the same core, so two apps' requests shared one core while the
+            # other idled. Unpinned, the OS spreads them.
+            config["ENABLE_CPU_PINNING"] = False
         config.update({k: v for k, v in props.items() if k in self._listed})
         try:
             self.compiled = core.compile_model(model, device, config)
@@ -138,6 +151,15 @@ class OvSession:
         executing = self._get("EXECUTION_DEVICES")
         if executing:
             self.target = ",".join(map(str, executing))
+        self.streams = int(self._get("NUM_STREAMS") or streams) if "NUM_STREAMS" in config else 0
+        """Requests the compiled model runs at once (0: the device does not say)."""
+        if 0 < self.streams < streams:
+            log.info(
+                "%s runs %d requests of a model at once, fewer than the %d channels (cores)",
+                self.target,
+                self.streams,
+                streams,
+            )
         self.relayed = dict(config.items() & props.items())
         self._warned = not (set(props) - set(self.relayed))
         if not self._warned:
@@ -172,7 +194,9 @@ class OvSession:
         except queue.Empty:
             request = self.compiled.create_infer_request()
         try:
-            request.start_async(feeds)
+            # share_inputs: no copy of the inputs under the GIL (it held it for ms, and a
+            # foreground thread returning from its own wait had to wait for it)
+            request.start_async(feeds, share_inputs=True)
             call.arm(request.cancel)
             request.wait()  # raises if cancelled or failed
             count = len(self.compiled.outputs)
@@ -221,6 +245,7 @@ class OpenVinoDriver(RealDriver):
         capacity_bytes: int | None = None,
         channels: int = REAL_DEFAULT_CHANNELS,
         inference_threads: int = 1,
+        background_nice: int = 0,
         **options: Any,
     ) -> None:
         self.core = ov.Core()
@@ -241,7 +266,9 @@ class OpenVinoDriver(RealDriver):
         self.inference_threads = check_int(
             "inference_threads", inference_threads, 1, MAX_INTRA_OP_THREADS
         )
-        super().__init__(specs, **options)
+        # OpenVINO computes on its own stream threads: a lowered worker would only wait
+        # there, and be slow to hand the GIL back to a foreground thread (measured here).
+        super().__init__(specs, background_nice=background_nice, **options)
 
     def _capacity(self, configured: int | None) -> int:
         if configured is not None:

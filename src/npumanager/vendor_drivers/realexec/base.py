@@ -5,14 +5,16 @@ device's worker threads (`Channels`): REQUESTED when queued, STARTED when the ru
 call begins, ENDED(COMPLETED) when it returns (outputs kept for the caller), FAILED on a
 runtime error, CANCELLED_USER on `cancel`, CANCELLED_SYSTEM on unload. Queued work that
 ends never runs; running work is stopped with the runtime's own cancel. Nothing running
-is paused: a more important job takes the next free channel (no PREEMPTION). Time is the
-monotonic clock. A subclass opens models into `Session`s (`_open`).
+is paused (no PREEMPTION): a more important job takes the next free channel, and when
+there is none, a running job of a less important band is stopped with the runtime's
+cancel and requeued to start over (RESTART_PREEMPTION: ENDED(PAUSED), later
+STARTED(RESUMED); `restart_preemption=False` turns it off). Time is the monotonic clock.
+A subclass opens models into `Session`s (`_open`).
 """
 
 from __future__ import annotations
 
 import math
-import threading
 import time
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
@@ -21,25 +23,22 @@ from typing import Any
 
 import numpy as np
 
-from npumanager.checks import GroupId, check_int, group_bytes
-from npumanager.core.events import NO_REASON, EventKind
+from npumanager.checks import check_int
 from npumanager.errors import CapacityError, IllegalArgumentError, UnknownModelError
 from npumanager.schemas import EndReason, SchedulingConfig
 from npumanager.schemas.device import DeviceDescription, DeviceSpec, DeviceStatus
 from npumanager.schemas.limits import (
     INT32_MAX,
-    INT32_MIN,
     INT64_MAX,
-    MAX_PRIORITY,
     MAX_RUNTIME_DEVICES,
     MAX_TIMED_ROWS,
-    MIN_PRIORITY,
     TIMED_CALIBRATION_ROWS,
 )
 from npumanager.vendor_drivers.realexec.chain import chain_inputs, chain_model
-from npumanager.vendor_drivers.realexec.channels import Channels, ExecutionError, Model, Work
-from npumanager.vendor_drivers.realexec.session import Call, Session, check_feeds
-from npumanager.vendor_drivers.realexec.work import WorkFuture, effective_priority, permitted
+from npumanager.vendor_drivers.realexec.channels import ExecutionError
+from npumanager.vendor_drivers.realexec.session import Call, Session
+from npumanager.vendor_drivers.realexec.submission import Submission
+from npumanager.vendor_drivers.realexec.work import Model, Work, effective_priority
 
 ModelSource = bytes | Any | None
 """A model as a runtime takes it: bytes, or the runtime's own model object."""
@@ -58,7 +57,7 @@ def real_specs(
     return specs
 
 
-class RealDriver(Channels):
+class RealDriver(Submission):
     """Models opened in a runtime and inferences submitted to the device's channels."""
 
     # For subclasses ---------------------------------------------------------------------
@@ -125,6 +124,8 @@ class RealDriver(Channels):
                     band = self._band(model.device, model.uid, configs)
                     model.session.set_band(band, len(self.specs[model.device].bands))
             self._wake()
+            for device in range(len(self.specs)):
+                self._preempt(device)
 
     # Models -------------------------------------------------------------------------------
 
@@ -254,163 +255,6 @@ class RealDriver(Channels):
                 raise UnknownModelError(f"model {model} is not a timed model")
             rows = math.ceil(ms * 1000 / entry.row_us)
         return chain_inputs(max(1, min(MAX_TIMED_ROWS, rows)))
-
-    # Work ---------------------------------------------------------------------------------
-
-    def submit(
-        self,
-        model: int,
-        *,
-        uid: int,
-        cost_cycles: int | None = None,
-        inputs: Mapping[str, Any] | None = None,
-        job_priority: int = MIN_PRIORITY,
-        original_uid: int | None = None,
-        group_id: GroupId | None = None,
-        feature_id: str | None = None,
-        debug_pid: int = 0,
-    ) -> int:
-        """Queue one inference with `inputs` (by name); its work id. Outputs: `result`."""
-        return self.submit_future(
-            model,
-            uid=uid,
-            cost_cycles=cost_cycles,
-            inputs=inputs,
-            job_priority=job_priority,
-            original_uid=original_uid,
-            group_id=group_id,
-            feature_id=feature_id,
-            debug_pid=debug_pid,
-            keep=True,
-        ).work_id
-
-    def submit_future(
-        self,
-        model: int,
-        *,
-        uid: int,
-        inputs: Mapping[str, Any] | None,
-        cost_cycles: int | None = None,
-        job_priority: int = MIN_PRIORITY,
-        original_uid: int | None = None,
-        group_id: GroupId | None = None,
-        feature_id: str | None = None,
-        debug_pid: int = 0,
-        keep: bool = False,
-        inline: bool = False,
-    ) -> WorkFuture:
-        """Queue one inference; a future of its outputs (`cancel()` cancels the work)."""
-        self._check_open()
-        uid = check_int("uid", uid, 0, INT32_MAX)
-        original = (
-            uid if original_uid is None else check_int("original_uid", original_uid, 0, INT32_MAX)
-        )
-        job_priority = check_int("job_priority", job_priority, MIN_PRIORITY, MAX_PRIORITY)
-        gid = group_bytes(group_id)
-        debug_pid = check_int("debug_pid", debug_pid, INT32_MIN, INT32_MAX)
-        if feature_id is not None and not isinstance(feature_id, str):
-            raise IllegalArgumentError(f"feature_id must be a str or None; got {feature_id!r}")
-        with self._lock:
-            entry = self._models.get(check_int("model", model, 0, INT32_MAX))
-            if entry is None:
-                raise UnknownModelError(f"model {model} is not loaded")
-            if entry.session is None:
-                raise IllegalArgumentError(
-                    f"model {model} was loaded with weight_bytes only and has no runtime "
-                    "session; load it with model= or path= (cost_cycles is for simulated drivers)"
-                )
-            if cost_cycles is not None:
-                raise IllegalArgumentError(
-                    "cost_cycles is for simulated drivers; a real driver runs inputs="
-                )
-            if inputs is None:
-                raise IllegalArgumentError(
-                    "inputs= is required: "
-                    + ", ".join(spec.describe() for spec in entry.session.inputs)
-                )
-            feeds = check_feeds(entry.session.inputs, inputs)
-            work = Work(
-                id=self._next_work,
-                uid=uid,
-                effective_priority=effective_priority(self._configs, uid, original, job_priority),
-                model=model,
-                device=entry.device,
-                original_uid=original,
-                job_priority=job_priority,
-                group_id=gid,
-                feature_id=feature_id,
-                debug_pid=debug_pid,
-                feeds=feeds,
-                future=WorkFuture(self._next_work, self, keep),
-            )
-            self._next_work += 1
-            t = self.now_us
-            self._event(EventKind.REQUESTED, NO_REASON, work, t)
-            if not permitted(self._configs, uid, original) or len(self._work) >= self.max_live_work:
-                self._event(EventKind.ENDED, EndReason.FAILED, work, t)
-                work.future.fail(
-                    ExecutionError(
-                        f"uid {uid} may not run this work (no direct access, "
-                        "no permission to attribute, or too much live work)"
-                    )
-                )
-                return work.future
-            self._work[work.id] = work
-            sched = self._scheds[entry.device]
-            sched.enqueue(work, t)
-            channel = self._free_channel(entry.device) if inline and sched.depth == 1 else None
-            if channel is not None and sched.pick(t) is work:
-                self._start(work, channel)
-                work.future.inline = work
-            else:
-                self._wake(entry.device)
-            return work.future
-
-    def run_inference(
-        self,
-        model: int,
-        *,
-        uid: int,
-        inputs: Mapping[str, Any] | None,
-        job_priority: int = MIN_PRIORITY,
-        timeout: float | None = None,
-        **details: Any,
-    ) -> list[np.ndarray]:
-        """Run one inference and return its outputs (`submit_future(inline=True)`, then
-        `outputs`)."""
-        future = self.submit_future(
-            model, uid=uid, inputs=inputs, job_priority=job_priority, inline=True, **details
-        )
-        return self.outputs(future, timeout)
-
-    def outputs(self, future: WorkFuture, timeout: float | None = None) -> list[np.ndarray]:
-        """The outputs of submitted work. Work submitted `inline` that found a free channel
-        with nothing waiting runs here, on the calling thread (no hand-over to a worker).
-        After `timeout` seconds the work is cancelled and `TimeoutError` raised."""
-        work, future.inline = future.inline, None
-        if work is None:
-            try:
-                return future.result(timeout=timeout)
-            except TimeoutError:
-                future.cancel()
-                raise
-        fired: list[bool] = []
-
-        def expire() -> None:
-            fired.append(True)
-            future.cancel()
-
-        timer = None if timeout is None else threading.Timer(timeout, expire)
-        if timer is not None:
-            timer.start()
-        try:
-            self._execute(work)
-        finally:
-            if timer is not None:
-                timer.cancel()
-        if fired and future.cancelled():
-            raise TimeoutError(f"work {future.work_id} did not end within {timeout} s")
-        return future.result()
 
 
 __all__ = ["ExecutionError", "ModelSource", "RealDriver", "Work"]

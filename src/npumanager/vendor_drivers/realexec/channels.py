@@ -1,8 +1,10 @@
 """`Channels`: the worker threads, queue and events under a real driver.
 
-Each device has `channels` worker threads; a free worker takes the next job from the
-device's `DeviceScheduler`, calls the runtime outside the lock, and reports what really
-happened. `RealDriver` (`realexec.base`) adds models and submission on top.
+Each channel of a device has a foreground worker thread and, where the device has
+background bands, a background one running at a lower OS priority (`background_nice`):
+the worker of the next job's class takes it from the device's `DeviceScheduler` when its
+channel is free, calls the runtime outside the lock, and reports what really happened.
+`RealDriver` (`realexec.base`) adds models and submission on top.
 """
 
 from __future__ import annotations
@@ -11,14 +13,13 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from npumanager.checks import check_device, check_int
 from npumanager.core.driver import DriverBase
 from npumanager.core.events import EventKind, WorkEvent
-from npumanager.core.scheduler import DeviceScheduler, Job
+from npumanager.core.scheduler import DeviceScheduler
 from npumanager.errors import (
     DriverClosedError,
     ExecutionError,
@@ -32,43 +33,19 @@ from npumanager.schemas.limits import (
     DEFAULT_MAX_MODELS,
     INT32_MAX,
     MAX_CHANNELS,
+    MAX_EFFECTIVE_PRIORITY,
     MAX_LIVE_WORK,
     MAX_MODELS,
+    MAX_NICE,
     MIN_PRIORITY,
+    REAL_BACKGROUND_NICE,
     REAL_MAX_RESULTS,
     REAL_NO_SLICE_US,
     REAL_RESERVED_CHANNELS,
 )
-from npumanager.vendor_drivers.realexec.session import Call, Session, is_background
-from npumanager.vendor_drivers.realexec.work import WorkFuture, effective_priority
-
-
-@dataclass(eq=False, kw_only=True)
-class Work(Job):
-    """One live inference."""
-
-    model: int
-    device: int
-    original_uid: int
-    job_priority: int
-    group_id: bytes | None
-    feature_id: str | None
-    debug_pid: int
-    feeds: dict[str, np.ndarray] | None
-    future: WorkFuture
-    call: Call | None = None
-
-
-@dataclass(eq=False)
-class Model:
-    """A loaded model: its device, bytes and session (None: accounted only)."""
-
-    id: int
-    device: int
-    weight_bytes: int
-    session: Session | None
-    row_us: float = 0.0
-    uid: int | None = None
+from npumanager.vendor_drivers.realexec.osprio import lower_thread_priority
+from npumanager.vendor_drivers.realexec.session import Call, background_from
+from npumanager.vendor_drivers.realexec.work import Model, Work, effective_priority
 
 
 class Channels(DriverBase):
@@ -82,6 +59,8 @@ class Channels(DriverBase):
         max_models: int = DEFAULT_MAX_MODELS,
         clock: str = "real",
         reserved_channels: int = REAL_RESERVED_CHANNELS,
+        background_nice: int = REAL_BACKGROUND_NICE,
+        restart_preemption: bool = True,
     ) -> None:
         if clock != "real":
             raise IllegalArgumentError(
@@ -94,10 +73,18 @@ class Channels(DriverBase):
         mutex = threading.RLock()
         self._lock = threading.Condition(mutex)
         self._pump_lock = threading.Lock()
-        self._ready = [threading.Condition(mutex) for _ in self.specs]
-        """Per device, what its workers wait on: woken only when there is work to take."""
+        self._ready = [(threading.Condition(mutex), threading.Condition(mutex)) for _ in specs]
+        """Per device, what its foreground and background workers wait on: woken only when
+        the next job is of their class."""
         reserved = check_int("reserved_channels", reserved_channels, 0, MAX_CHANNELS)
+        self.background_nice = check_int("background_nice", background_nice, 0, MAX_NICE)
+        if not isinstance(restart_preemption, bool):
+            raise IllegalArgumentError(
+                f"restart_preemption must be True or False; got {restart_preemption!r}"
+            )
+        self.restart_preemption = restart_preemption
         self._background_limit = [max(1, s.channels - reserved) for s in self.specs]
+        self._background_from = [background_from(s) for s in self.specs]
         self._background_busy = [0] * len(self.specs)
         self._scheds = [DeviceScheduler[Work](s) for s in self.specs]
         self._used = [0] * len(self.specs)
@@ -111,9 +98,16 @@ class Channels(DriverBase):
         self._closed = False
         self._t0 = time.monotonic_ns()
         self._threads = [
-            threading.Thread(target=self._worker, args=(d, c), daemon=True, name=f"npu{d}.{c}")
+            threading.Thread(
+                target=self._worker,
+                args=(d, c, background),
+                daemon=True,
+                name=f"npu{d}.{c}{'-bg' if background else ''}",
+            )
             for d, spec in enumerate(self.specs)
             for c in range(spec.channels)
+            for background in (False, True)
+            if not background or self._background_from[d] <= MAX_EFFECTIVE_PRIORITY
         ]
         for thread in self._threads:
             thread.start()
@@ -178,31 +172,37 @@ class Channels(DriverBase):
 
     # Workers ------------------------------------------------------------------------------
 
-    def _worker(self, device: int, channel: int) -> None:
-        sched = self._scheds[device]
+    def _worker(self, device: int, channel: int, background: bool) -> None:
+        if background:
+            lower_thread_priority(self.background_nice)
+        sched, ready = self._scheds[device], self._ready[device][background]
         while True:
             with self._lock:
-                while not self._closed and not self._can_take(device, channel):
-                    self._ready[device].wait()
+                while not self._closed and not self._can_take(device, channel, background):
+                    ready.wait()
                 if self._closed:
                     return
-                work = sched.pick(self.now_us)
+                t = self.now_us
+                work = sched.pick(t, self._choice(device, t)[1])
                 if work is None:
                     continue
-                self._start(work, channel)
+                sched.start(work, channel, t)
+                self._start(work, channel, t)
+                self._wake(device)  # the next job may be for the other class of workers
+                self._preempt(device)
             self._execute(work)
 
-    def _start(self, work: Work, channel: int) -> None:
-        """Put picked work on a channel (lock held): STARTED now."""
-        t = self.now_us
-        self._scheds[work.device].start(work, channel, t)
-        work.call = Call(self._in_background(work.device, work))
+    def _start(self, work: Work, channel: int, t: int) -> None:
+        """Work the scheduler put on a channel at `t` (lock held): STARTED."""
+        work.call = Call(self._in_background(work))
         self._busy += 1
         self._background_busy[work.device] += work.call.background
-        self._event(EventKind.STARTED, StartReason.INITIAL, work, t)
+        reason = StartReason.RESUMED if work.restarts else StartReason.INITIAL
+        self._event(EventKind.STARTED, reason, work, t)
 
-    def _execute(self, work: Work) -> None:
-        """Run started work on this thread (lock not held), then end it as it went."""
+    def _execute(self, work: Work) -> list[np.ndarray] | None:
+        """Run started work on this thread (lock not held), then end it as it went; its
+        outputs if this ended it COMPLETED."""
         session = self._models[work.model].session
         assert session is not None and work.feeds is not None and work.call is not None
         outputs: list[np.ndarray] | None = None
@@ -216,51 +216,100 @@ class Channels(DriverBase):
             self._background_busy[work.device] -= work.call.background
             if self._work.get(work.id) is work:
                 t = self.now_us
+                if outputs is None and work.stopping:  # made room: back in line, from the start
+                    work.stopping, work.restarts = False, work.restarts + 1
+                    self._scheds[work.device].stop(work, t, requeue=True)
+                    self._event(EventKind.ENDED, EndReason.PAUSED, work, t)
+                    self._wake(work.device)
+                    return None
                 self._scheds[work.device].stop(work, t, requeue=False)
                 del self._work[work.id]
                 work.feeds = None
                 if outputs is not None:
                     self._event(EventKind.ENDED, EndReason.COMPLETED, work, t)
                     self._keep(work, outputs)
-                else:
-                    self._event(EventKind.ENDED, EndReason.FAILED, work, t)
-                    work.future.fail(ExecutionError(f"the runtime failed: {error}"))
+                    self._wake(work.device)
+                    return outputs
+                self._event(EventKind.ENDED, EndReason.FAILED, work, t)
+                work.future.fail(ExecutionError(f"the runtime failed: {error}"))
             self._wake(work.device)
+            return None
 
     def _wake(self, device: int | None = None) -> None:
-        """Wake the workers of a device (or all) when work waits, and `run_until_idle`
-        when nothing is live (lock held); no wake-up is spent on nothing."""
+        """Wake the workers of the next job's class on a device (or all) when work waits,
+        and `run_until_idle` when nothing is live (lock held); no wake-up is spent on nothing."""
         for d in range(len(self.specs)) if device is None else (device,):
-            if self._scheds[d].depth or self._closed:
-                self._ready[d].notify_all()
+            if self._closed:
+                for ready in self._ready[d]:
+                    ready.notify_all()
+            elif self._scheds[d].depth:
+                head = self._choice(d, self.now_us)[0]
+                if head is not None:
+                    self._ready[d][self._in_background(head)].notify_all()
         if (not self._work and not self._busy) or self._closed:
             self._lock.notify_all()
 
-    def _free_channel(self, device: int) -> int | None:
-        """A channel the calling thread may run the next job on (lock held), if any."""
-        for channel in range(self.specs[device].channels):
-            if self._can_take(device, channel):
-                return channel
-        return None
+    def _in_background(self, work: Work) -> bool:
+        """True if the work's band `is_background` on its device."""
+        return work.effective_priority >= self._background_from[work.device]
 
-    def _in_background(self, device: int, work: Work) -> bool:
-        spec = self.specs[device]
-        return is_background(spec.band_of(work.effective_priority), len(spec.bands))
-
-    def _can_take(self, device: int, channel: int) -> bool:
-        """A job waits, the channel is free, and the next job is not held back: background
-        work (`is_background`) takes the last `reserved_channels` free channels only if it
-        is more important than every running job (it always gets one channel)."""
+    def _can_take(self, device: int, channel: int, background: bool) -> bool:
+        """A job waits, the channel is free, and the next job (`_choice`) is of this
+        worker's class (`background`)."""
         sched = self._scheds[device]
         if sched.depth == 0 or sched.running[channel] is not None:
             return False
-        head = sched.peek(self.now_us)
-        if head is None or not self._in_background(device, head):
-            return True
+        work = self._choice(device, self.now_us)[0]
+        return work is not None and self._in_background(work) == background
+
+    def _choice(self, device: int, t: int) -> tuple[Work | None, int | None]:
+        """The job a free channel runs next at `t` (lock held), and the `below` to pick it with:
+        the scheduler's next, or, when that is background work `_held_back`, the next of
+        the bands above the background ones (foreground work never waits behind it)."""
+        sched = self._scheds[device]
+        head = sched.peek(t)
+        if head is None or not self._held_back(head):
+            return head, None
+        below = self._background_from[device]
+        return sched.peek(t, below), below
+
+    def _held_back(self, work: Work) -> bool:
+        """Background work (`is_background`) takes the last `reserved_channels` free
+        channels only if it is more important than every running job (it always gets one)."""
+        device = work.device
+        if not self._in_background(work):
+            return False
         if self._background_busy[device] < self._background_limit[device]:
-            return True
-        running = [w.effective_priority for w in sched.running if w is not None]
-        return head.effective_priority < min(running, default=head.effective_priority + 1)
+            return False
+        running = [w.effective_priority for w in self._scheds[device].running if w is not None]
+        return not work.effective_priority < min(running, default=work.effective_priority + 1)
+
+    def _preempt(self, device: int) -> None:
+        """Restart preemption (lock held): when every channel is busy and the next job is of
+        a more important band than a running one, stop the least important running job
+        (the latest started of those) with the runtime's cancel; `_execute` requeues it. A
+        job whose band is owed its floor share (fair) is not stopped: it would only start
+        over, again and again."""
+        sched = self._scheds[device]
+        if not self.restart_preemption or not sched.queued or None in sched.running:
+            return
+        running = [w for w in sched.running if w is not None]
+        job = self._choice(device, self.now_us)[0]  # now: the scheduler never goes back
+        if job is None or any(w.stopping for w in running):
+            return
+        band = self.specs[device].band_of
+        mine = band(job.effective_priority)
+        victims = [
+            w
+            for w in running
+            if band(w.effective_priority) > mine
+            and not (sched.fair and sched.credit[band(w.effective_priority)] > 0)
+        ]
+        if victims:
+            victim = max(victims, key=lambda w: (band(w.effective_priority), w.run_start_us))
+            victim.stopping = True
+            assert victim.call is not None
+            victim.call.cancel()
 
     def _keep(self, work: Work, outputs: list[np.ndarray]) -> None:
         if work.future.keep:

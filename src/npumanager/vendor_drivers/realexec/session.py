@@ -10,11 +10,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
 from npumanager.errors import IllegalArgumentError
+from npumanager.schemas.device import DeviceSpec
+from npumanager.schemas.limits import MAX_EFFECTIVE_PRIORITY
 
 
 class Call:
@@ -46,6 +48,16 @@ def is_background(band: int, bands: int) -> bool:
     """True for the two last bands of three or more (the `normal` and `idle` bands of the
     default spec: cached and unknown apps), the last of two, none of one."""
     return bands > 1 and band >= max(1, bands - 2)
+
+
+def background_from(spec: DeviceSpec) -> int:
+    """The least effective priority whose band `is_background` on a device of `spec`
+    (past every priority when none is): work at or above it is background."""
+    count = len(spec.bands)
+    for band in range(count):
+        if is_background(band, count):
+            return spec.bands[band].first_priority
+    return MAX_EFFECTIVE_PRIORITY + 1
 
 
 @dataclass(frozen=True)
@@ -85,17 +97,13 @@ def check_feeds(inputs: tuple[InputSpec, ...], given: Mapping[str, Any]) -> dict
     """`given` as arrays of the model's inputs; a wrong name, dtype or shape is refused."""
     if not isinstance(given, Mapping):
         raise IllegalArgumentError(f"inputs must be a mapping of name to array; got {given!r}")
-    names = {spec.name for spec in inputs}
-    if set(given) != names:
-        allowed = ", ".join(spec.describe() for spec in inputs)
-        extra = sorted(map(str, set(given) - names))
-        missing = sorted(names - set(given))
-        raise IllegalArgumentError(
-            f"inputs must be exactly {{{allowed}}}; unknown {extra}, missing {missing}"
-        )
+    if len(given) != len(inputs):
+        _wrong_names(inputs, given)
     feeds: dict[str, np.ndarray] = {}
     for spec in inputs:
-        value = given[spec.name]
+        value = given.get(spec.name, given)
+        if value is given:
+            _wrong_names(inputs, given)
         if isinstance(value, np.ndarray):
             if value.dtype != spec.dtype:
                 raise IllegalArgumentError(
@@ -109,13 +117,26 @@ def check_feeds(inputs: tuple[InputSpec, ...], given: Mapping[str, Any]) -> dict
                 raise IllegalArgumentError(
                     f"input {spec.name!r} is not convertible to {spec.dtype}: {exc}"
                 ) from None
-        fits = array.ndim == len(spec.shape) and all(
-            d is None or d == n for d, n in zip(spec.shape, array.shape, strict=True)
-        )
-        if not fits or 0 in array.shape:
+        shape = array.shape
+        fits = len(shape) == len(spec.shape) and 0 not in shape
+        for wanted, got in zip(spec.shape, shape, strict=False):
+            if wanted is not None and wanted != got:
+                fits = False
+        if not fits:
             raise IllegalArgumentError(
-                f"input {spec.name!r} has shape {list(array.shape)}; the model takes "
+                f"input {spec.name!r} has shape {list(shape)}; the model takes "
                 f"{spec.describe()} (? is any size >= 1)"
             )
         feeds[spec.name] = array
     return feeds
+
+
+def _wrong_names(inputs: tuple[InputSpec, ...], given: Mapping[str, Any]) -> NoReturn:
+    """Refuse inputs whose names are not exactly the model's, naming both."""
+    names = {spec.name for spec in inputs}
+    allowed = ", ".join(spec.describe() for spec in inputs)
+    extra = sorted(map(str, set(given) - names))
+    missing = sorted(names - set(given))
+    raise IllegalArgumentError(
+        f"inputs must be exactly {{{allowed}}}; unknown {extra}, missing {missing}"
+    )

@@ -1,4 +1,5 @@
-"""The future of one real inference, and the scheduling rules a driver applies per uid.
+"""One real inference (`Work`) and its future, a loaded model's record, and the scheduling
+rules a driver applies per uid.
 
 `effective_priority` and `permitted` are the reference device's rules: an unknown uid is
 least important with direct access and no attribution; work attributed to a configured
@@ -7,14 +8,18 @@ uid schedules by that uid's config.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from npumanager.core.scheduler import Job
 from npumanager.schemas import SchedulingConfig
-from npumanager.schemas.limits import UNKNOWN_UID_PRIORITY
+from npumanager.schemas.limits import REAL_UNKNOWN_CONFIGS_KEPT, UNKNOWN_UID_PRIORITY
+from npumanager.vendor_drivers.realexec.session import Call, Session
 
 
 class _Canceller(Protocol):
@@ -22,7 +27,13 @@ class _Canceller(Protocol):
 
 
 def _config(configs: Mapping[int, SchedulingConfig], uid: int) -> SchedulingConfig:
-    return configs.get(uid) or SchedulingConfig(uid=uid, app_priority=UNKNOWN_UID_PRIORITY)
+    return configs.get(uid) or _unknown(uid)
+
+
+@functools.lru_cache(maxsize=REAL_UNKNOWN_CONFIGS_KEPT)
+def _unknown(uid: int) -> SchedulingConfig:
+    """The config of a uid the driver was given none for (built once: it is pydantic)."""
+    return SchedulingConfig(uid=uid, app_priority=UNKNOWN_UID_PRIORITY)
 
 
 def effective_priority(
@@ -81,4 +92,35 @@ class WorkFuture(Future[list[np.ndarray]]):
             self.set_exception(error)
 
 
-__all__ = ["Any", "WorkFuture", "effective_priority", "permitted"]
+@dataclass(eq=False, kw_only=True)
+class Work(Job):
+    """One live inference."""
+
+    model: int
+    device: int
+    original_uid: int
+    job_priority: int
+    group_id: bytes | None
+    feature_id: str | None
+    debug_pid: int
+    feeds: dict[str, np.ndarray] | None
+    future: WorkFuture
+    call: Call | None = None
+    stopping: bool = False
+    """Being stopped to make room (restart preemption): it goes back to the queue."""
+    restarts: int = 0
+
+
+@dataclass(eq=False)
+class Model:
+    """A loaded model: its device, bytes and session (None: accounted only)."""
+
+    id: int
+    device: int
+    weight_bytes: int
+    session: Session | None
+    row_us: float = 0.0
+    uid: int | None = None
+
+
+__all__ = ["Any", "Model", "Work", "WorkFuture", "effective_priority", "permitted"]

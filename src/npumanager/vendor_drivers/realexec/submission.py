@@ -1,0 +1,222 @@
+"""`Submission`: how work enters a real driver, and the lean path of `run_inference`.
+
+An inference submitted `inline` that is next in line and finds a channel it may take goes
+straight onto that channel and runs on the submitting thread: no worker hand-over, no
+timer thread when there is no timeout; when nothing waits it does not even pass through
+the queue (`DeviceScheduler.admit`). That is the common case of a foreground app beside
+a background one: the background work held back for want of a channel (`_held_back`)
+waits, the foreground inference takes the free channel on its own thread. Everything else
+is queued for the device's workers. Either way the events are the same (REQUESTED,
+STARTED, ENDED) and so are the checks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from npumanager.checks import GroupId, check_int, group_bytes
+from npumanager.core.events import NO_REASON, EventKind
+from npumanager.errors import IllegalArgumentError, UnknownModelError
+from npumanager.schemas import EndReason
+from npumanager.schemas.limits import INT32_MAX, INT32_MIN, MAX_PRIORITY, MIN_PRIORITY
+from npumanager.vendor_drivers.realexec.channels import Channels, ExecutionError
+from npumanager.vendor_drivers.realexec.session import check_feeds
+from npumanager.vendor_drivers.realexec.work import Work, WorkFuture, effective_priority, permitted
+
+
+class Submission(Channels):
+    """Submitting inferences: queued for the workers, or run inline by the caller."""
+
+    def submit(
+        self,
+        model: int,
+        *,
+        uid: int,
+        cost_cycles: int | None = None,
+        inputs: Mapping[str, Any] | None = None,
+        job_priority: int = MIN_PRIORITY,
+        original_uid: int | None = None,
+        group_id: GroupId | None = None,
+        feature_id: str | None = None,
+        debug_pid: int = 0,
+    ) -> int:
+        """Queue one inference with `inputs` (by name); its work id. Outputs: `result`."""
+        return self.submit_future(
+            model,
+            uid=uid,
+            cost_cycles=cost_cycles,
+            inputs=inputs,
+            job_priority=job_priority,
+            original_uid=original_uid,
+            group_id=group_id,
+            feature_id=feature_id,
+            debug_pid=debug_pid,
+            keep=True,
+        ).work_id
+
+    def submit_future(
+        self,
+        model: int,
+        *,
+        uid: int,
+        inputs: Mapping[str, Any] | None,
+        cost_cycles: int | None = None,
+        job_priority: int = MIN_PRIORITY,
+        original_uid: int | None = None,
+        group_id: GroupId | None = None,
+        feature_id: str | None = None,
+        debug_pid: int = 0,
+        keep: bool = False,
+        inline: bool = False,
+    ) -> WorkFuture:
+        """Queue one inference; a future of its outputs (`cancel()` cancels the work).
+        `inline`: if it is next in line and a channel is free, it takes the channel now and
+        `outputs` runs it on the calling thread."""
+        self._check_open()
+        uid = check_int("uid", uid, 0, INT32_MAX)
+        original = (
+            uid if original_uid is None else check_int("original_uid", original_uid, 0, INT32_MAX)
+        )
+        job_priority = check_int("job_priority", job_priority, MIN_PRIORITY, MAX_PRIORITY)
+        gid = group_bytes(group_id)
+        debug_pid = check_int("debug_pid", debug_pid, INT32_MIN, INT32_MAX)
+        if feature_id is not None and not isinstance(feature_id, str):
+            raise IllegalArgumentError(f"feature_id must be a str or None; got {feature_id!r}")
+        with self._lock:
+            entry = self._models.get(check_int("model", model, 0, INT32_MAX))
+            if entry is None:
+                raise UnknownModelError(f"model {model} is not loaded")
+            if entry.session is None:
+                raise IllegalArgumentError(
+                    f"model {model} was loaded with weight_bytes only and has no runtime "
+                    "session; load it with model= or path= (cost_cycles is for simulated drivers)"
+                )
+            if cost_cycles is not None:
+                raise IllegalArgumentError(
+                    "cost_cycles is for simulated drivers; a real driver runs inputs="
+                )
+            if inputs is None:
+                raise IllegalArgumentError(
+                    "inputs= is required: "
+                    + ", ".join(spec.describe() for spec in entry.session.inputs)
+                )
+            feeds = check_feeds(entry.session.inputs, inputs)
+            work_id, device = self._next_work, entry.device
+            self._next_work += 1
+            work = Work(
+                id=work_id,
+                uid=uid,
+                effective_priority=effective_priority(self._configs, uid, original, job_priority),
+                model=model,
+                device=device,
+                original_uid=original,
+                job_priority=job_priority,
+                group_id=gid,
+                feature_id=feature_id,
+                debug_pid=debug_pid,
+                feeds=feeds,
+                future=WorkFuture(work_id, self, keep),
+            )
+            t = self.now_us
+            self._event(EventKind.REQUESTED, NO_REASON, work, t)
+            if not permitted(self._configs, uid, original) or len(self._work) >= self.max_live_work:
+                self._event(EventKind.ENDED, EndReason.FAILED, work, t)
+                work.future.fail(
+                    ExecutionError(
+                        f"uid {uid} may not run this work (no direct access, "
+                        "no permission to attribute, or too much live work)"
+                    )
+                )
+                return work.future
+            self._work[work_id] = work
+            sched = self._scheds[device]
+            channel = self._inline_channel(work) if inline and not sched.queued else None
+            if channel is not None:
+                sched.admit(work, channel, t)
+            else:
+                sched.enqueue(work, t)
+                choice, below = self._choice(device, t) if inline else (None, None)
+                if choice is work:  # next in line, before any held-back background work
+                    channel = self._inline_channel(work)
+                if channel is None:
+                    self._wake(device)
+                    self._preempt(device)
+                    return work.future
+                sched.pick(t, below)
+                sched.start(work, channel, t)
+            self._start(work, channel, t)
+            work.future.inline = work
+            return work.future
+
+    def _inline_channel(self, work: Work) -> int | None:
+        """The free channel new work may take at once, being next in line (lock held): the
+        first free one, unless background work is held back (`_held_back`)."""
+        for channel, running in enumerate(self._scheds[work.device].running):
+            if running is None:
+                return None if self._held_back(work) else channel
+        return None
+
+    def run_inference(
+        self,
+        model: int,
+        *,
+        uid: int,
+        inputs: Mapping[str, Any] | None,
+        job_priority: int = MIN_PRIORITY,
+        timeout: float | None = None,
+        **details: Any,
+    ) -> list[np.ndarray]:
+        """Run one inference and return its outputs (`submit_future(inline=True)`, then
+        `outputs`)."""
+        future = self.submit_future(
+            model, uid=uid, inputs=inputs, job_priority=job_priority, inline=True, **details
+        )
+        return self.outputs(future, timeout)
+
+    def outputs(self, future: WorkFuture, timeout: float | None = None) -> list[np.ndarray]:
+        """The outputs of submitted work. Work submitted `inline` that took a channel runs
+        here, on the calling thread (no hand-over to a worker). After `timeout` seconds the
+        work is cancelled and `TimeoutError` raised."""
+        work, future.inline = future.inline, None
+        if work is None:
+            return _waited(future, timeout)
+        if timeout is None:
+            done = self._execute(work)
+            return done if done is not None else future.result()
+        deadline = time.monotonic() + timeout
+        fired: list[bool] = []
+
+        def expire() -> None:
+            fired.append(True)
+            future.cancel()
+
+        timer = threading.Timer(timeout, expire)
+        timer.start()
+        try:
+            done = self._execute(work)
+        finally:
+            timer.cancel()
+        if done is not None:
+            return done
+        if fired and future.cancelled():
+            raise TimeoutError(f"work {future.work_id} did not end within {timeout} s")
+        # stopped to make room (restart preemption): it waits its turn, within the time left
+        return _waited(future, max(0.0, deadline - time.monotonic()))
+
+
+def _waited(future: WorkFuture, timeout: float | None) -> list[np.ndarray]:
+    """The future's outputs; after `timeout` seconds the work is cancelled and
+    `TimeoutError` raised."""
+    try:
+        return future.result(timeout=timeout)
+    except TimeoutError:
+        future.cancel()
+        raise
+
+
+__all__ = ["Submission"]

@@ -1,0 +1,141 @@
+"""The lean path of a real driver's `run_inference`: work that takes a free channel at once
+(`DeviceScheduler.admit`) and runs on the caller's thread, with the same rules as queued work."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npumanager.core.events import EventKind
+from npumanager.errors import IllegalArgumentError
+from npumanager.schemas import SchedulingConfig
+from npumanager.schemas.device import Band, DeviceSpec
+from npumanager.schemas.limits import MAX_EFFECTIVE_PRIORITY, MAX_NICE
+from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver
+from npumanager.vendor_drivers.realexec.session import background_from, is_background
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sets(st.integers(1, MAX_EFFECTIVE_PRIORITY), max_size=5), st.data())
+def test_background_from_is_where_the_background_bands_begin(
+    firsts: set[int], data: st.DataObject
+) -> None:
+    bands = tuple(Band(name=f"b{i}", first_priority=p) for i, p in enumerate([0, *sorted(firsts)]))
+    spec = DeviceSpec(bands=bands)
+    for priority in data.draw(st.lists(st.integers(0, MAX_EFFECTIVE_PRIORITY), max_size=20)):
+        expected = is_background(spec.band_of(priority), len(bands))
+        assert (priority >= background_from(spec)) == expected
+
+
+def test_background_work_held_back_is_not_run_inline_but_waits_its_turn() -> None:
+    with OnnxRuntimeDriver(devices=[{"channels": 2}]) as d:
+        d.set_scheduling_configs([SchedulingConfig(uid=u, app_priority=1000) for u in (10, 11)])
+        model = d.load_timed_model()
+        session = d.model_info(model)
+        real, threads = session.run, []
+
+        def recording(feeds: Any, call: Any) -> Any:
+            threads.append(threading.current_thread())
+            return real(feeds, call)
+
+        session.run = recording  # type: ignore[method-assign]
+        busy = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 200))
+        while d.device_state(0).running.count(-1) == 2 and not busy.done():
+            d.run_until_idle(max_us=1000)
+        d.run_inference(model, uid=11, inputs=d.timed_inputs(model, 1))
+        assert threads[-1] is not threading.current_thread(), "a worker ran it, in turn"
+        d.run_until_idle()
+        events = [(e.kind, e.id) for e in d.take_events()]
+        assert events.index((EventKind.ENDED, busy.work_id)) < events.index((EventKind.STARTED, 2))
+
+
+def test_a_foreground_inference_behind_held_back_background_work_runs_inline() -> None:
+    with OnnxRuntimeDriver(devices=[{"channels": 2}]) as d:
+        d.set_scheduling_configs(
+            [
+                SchedulingConfig(uid=10, app_priority=1000),
+                SchedulingConfig(uid=20, app_priority=100),
+            ]
+        )
+        model = d.load_timed_model()
+        session = d.model_info(model)
+        real, threads = session.run, []
+
+        def recording(feeds: Any, call: Any) -> Any:
+            threads.append(threading.current_thread())
+            return real(feeds, call)
+
+        session.run = recording  # type: ignore[method-assign]
+        busy = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 300))
+        waiting = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 1))
+        while d.device_state(0).running.count(-1) == 2 and not busy.done():
+            d.run_until_idle(max_us=1000)
+        assert d.device_state(0).queue_depth == 1, "the second background job is held back"
+        d.run_inference(model, uid=20, inputs=d.timed_inputs(model, 1))
+        assert threads[-1] is threading.current_thread()
+        assert not waiting.done() or busy.done()
+        d.run_until_idle()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_background_work_runs_on_workers_of_lower_os_priority() -> None:
+    with OnnxRuntimeDriver(devices=[{"channels": 2}], background_nice=3) as d:
+        d.set_scheduling_configs(
+            [
+                SchedulingConfig(uid=10, app_priority=1000),
+                SchedulingConfig(uid=20, app_priority=100),
+            ]
+        )
+        model = d.load_timed_model()
+        session = d.model_info(model)
+        real, nice = session.run, {}
+
+        def recording(feeds: Any, call: Any) -> Any:
+            nice[call.background] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            return real(feeds, call)
+
+        session.run = recording  # type: ignore[method-assign]
+        d.submit(model, uid=10, inputs=d.timed_inputs(model, 1))
+        d.submit(model, uid=20, inputs=d.timed_inputs(model, 1))
+        d.run_until_idle()
+        ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        assert nice == {True: min(MAX_NICE, ours + 3), False: ours}
+
+
+def test_background_nice_out_of_range_is_refused() -> None:
+    with pytest.raises(IllegalArgumentError, match="background_nice must be within 0..19"):
+        OnnxRuntimeDriver(background_nice=20)
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_foreground_work_does_not_wait_behind_held_back_owed_background_work(
+    inline: bool,
+) -> None:
+    with OnnxRuntimeDriver(devices=[{"channels": 2}]) as d:
+        d.set_scheduling_configs(
+            [
+                SchedulingConfig(uid=10, app_priority=400),  # normal band: background
+                SchedulingConfig(uid=11, app_priority=1000),  # idle band: background, owed
+                SchedulingConfig(uid=20, app_priority=100),  # focus
+            ]
+        )
+        model = d.load_timed_model()
+        busy = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 300))
+        while d.device_state(0).running.count(-1) == 2 and not busy.done():
+            d.run_until_idle(max_us=1000)
+        idle = d.submit_future(model, uid=11, inputs=d.timed_inputs(model, 1))
+        time.sleep(0.01)  # the idle band's floor credit grows: it heads the queue, held back
+        inputs = d.timed_inputs(model, 1)
+        if inline:
+            d.run_inference(model, uid=20, inputs=inputs)
+        else:
+            d.submit_future(model, uid=20, inputs=inputs).result(timeout=60)
+        assert not busy.done() and not idle.done(), "the foreground job went first"
+        d.run_until_idle()
