@@ -377,4 +377,5 @@ def test_the_limits_table_gives_the_limits_the_code_has() -> None:
 def test_the_readme_links_into_the_site() -> None:
     text = README.read_text(encoding="utf-8")
     links = re.findall(r"\]\(((?:docs/|CONTRIBUTING)[^)#]*)", text)
+    assert len(links) >= 3, "the README links to each guide"
     assert [link for link in links if not (ROOT / link).is_file()] == []
