@@ -472,9 +472,9 @@ def test_a_client_of_the_old_protocol_gets_a_clear_error(
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def readme_block(heading: str) -> str:
-    """The first python block of the README after `heading`."""
-    text = (ROOT / "README.md").read_text()
+def guide_block(heading: str) -> str:
+    """The first python block of the app developers' guide after `heading`."""
+    text = (ROOT / "docs" / "guides" / "apps.md").read_text()
     section = text[text.index(heading) :]
     start = section.index("```python\n") + len("```python\n")
     return section[start : section.index("```", start)]
@@ -486,11 +486,11 @@ def model_onnx(model_file: Path) -> Path:
     return model_file
 
 
-def test_the_readmes_daemon_inference_example_runs_against_a_real_daemon(
+def test_the_app_guides_daemon_inference_example_runs_against_a_real_daemon(
     start: Callable[..., DaemonProcess], model_onnx: Path
 ) -> None:
     daemon = start()
-    code = readme_block("### Real inference through the daemon")
+    code = guide_block("## Real inference through the daemon")
     code += "\nassert y.shape == (8, 256) and future.result(10)[0].shape == (8, 256)\n"
     done = subprocess.run(
         [sys.executable, "-c", code],

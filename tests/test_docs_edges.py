@@ -1,4 +1,4 @@
-"""What the README and pyproject promise a new user, checked against what they get."""
+"""What the README, the guides and pyproject promise a new user, checked against what they get."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from npumanager.simulation.scenario import App, Event, Scenario, Work
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+INTEGRATORS = (ROOT / "docs" / "guides" / "integrators.md").read_text(encoding="utf-8")
+"""The system integrators' guide: telemetry sinks, scenario files, health intervals."""
 
 
 def quickstart() -> list[str]:
@@ -47,7 +49,7 @@ def test_pyproject_license_is_an_spdx_string_without_the_classifier() -> None:
 def test_the_telemetry_snippet_writes_trace_json_on_close(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    block = re.search(r"## Telemetry sinks.*?```python\n(.*?)```", README, re.DOTALL)
+    block = re.search(r"## Telemetry sinks.*?```python\n(.*?)```", INTEGRATORS, re.DOTALL)
     assert block is not None
     kept = [
         line
@@ -61,11 +63,11 @@ def test_the_telemetry_snippet_writes_trace_json_on_close(
     assert not (tmp_path / "trace.json").exists(), "nothing until close, as documented"
     namespace["service"].close()  # type: ignore[attr-defined]
     assert json.loads((tmp_path / "trace.json").read_text())
-    assert "writes it on close" in README
+    assert "writes it on close" in INTEGRATORS
 
 
 def test_the_scenario_table_names_every_key_and_the_budget() -> None:
-    section = README.split("- **Scenario files**", 1)[1].split("## Telemetry sinks", 1)[0]
+    section = INTEGRATORS.split("## Scenario files", 1)[1].split("## Configuration", 1)[0]
     keys = {*Scenario.model_fields, *App.model_fields, *Work.model_fields, *Event.model_fields}
     missing = [key for key in keys if f"`{key}`" not in section]
     assert missing == []
@@ -90,9 +92,9 @@ def test_json_of_a_scenario_without_a_camera_has_no_camera_figures() -> None:
 def test_the_health_interval_is_documented_with_its_defaults() -> None:
     from npumanager.schemas.limits import DEFAULT_HEALTH_INTERVAL_MS, HEALTH_SAMPLE_INTERVAL_MS
 
-    assert "--health-interval-ms" in README
-    assert f"by default {DEFAULT_HEALTH_INTERVAL_MS} in real time" in README
-    assert f"{HEALTH_SAMPLE_INTERVAL_MS} in virtual time" in README
+    assert "--health-interval-ms" in INTEGRATORS
+    assert f"by default {DEFAULT_HEALTH_INTERVAL_MS} in real time" in INTEGRATORS
+    assert f"{HEALTH_SAMPLE_INTERVAL_MS} in virtual time" in INTEGRATORS
 
 
 def test_contributing_gives_the_registration_hooks_return_values_as_they_are() -> None:

@@ -1,5 +1,6 @@
 """Issue 18's documentation items: the driver guide names the whole contract, and the
-README's daemon examples declare the NPU feature (without it the daemon logs a warning)."""
+daemon examples of the README and the site declare the NPU feature (without it the daemon
+logs a warning)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,11 @@ def test_the_driver_guide_names_every_member_of_the_contract(protocol: type) -> 
     assert missing == [], f"CONTRIBUTING's driver guide does not name {missing}"
 
 
-def test_every_connect_in_the_readme_declares_the_feature() -> None:
-    calls = re.findall(r"npu\.connect\(([^)]*)\)", README)
-    assert calls, "the README shows npu.connect"
+def test_every_connect_in_the_readme_and_the_site_declares_the_feature() -> None:
+    pages = [
+        README,
+        *(p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").rglob("*.md"))),
+    ]
+    calls = re.findall(r"npu\.connect\(([^)]*)\)", "\n".join(pages))
+    assert calls, "the app developers' guide shows npu.connect"
     assert [call for call in calls if "uses_feature=True" not in call] == []

@@ -240,7 +240,7 @@ stay within about 1 GiB."""
 MAX_BUDGET_VALUE: Final = INT32_MAX
 """The largest budget policy weight or total: what the platform's int fields carry."""
 BUDGET_SIZE_CLASSES: Final = 3
-"""Weights the budget policy takes, one per size class (the HAL's three `ModelSize`s)."""
+"""Weights the budget policy takes, one per size class (the three `ModelSize` values)."""
 REAL_DEFAULT_CHANNELS: Final = 2
 """Execution channels (worker threads) a real-runtime device has unless told."""
 REAL_DEFAULT_CAPACITY_BYTES: Final = 1 << 30

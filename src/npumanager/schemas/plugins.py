@@ -33,7 +33,7 @@ class PluginRecord(BaseModel):
 
 
 class DriverRecord(PluginRecord):
-    """A vendor driver: `factory(**options)` returns the driver object."""
+    """A vendor driver: `factory(devices, **options)` returns the driver object."""
 
     kind: ClassVar[PluginKind] = PluginKind.DRIVER
     capabilities: Annotated[
