@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _report import Progress
 
 import npumanager as npu
 from npumanager.core.service import Service
@@ -250,10 +251,16 @@ def once(driver_name: str, rows: int, args: argparse.Namespace) -> dict[str, flo
     }
 
 
-def measure(driver_name: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure(driver_name: str, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
     """Medians over `args.repeats` repeats, with the ratios the targets are about."""
     rows = rows_for(driver_name, args.ms)
-    runs = [once(driver_name, rows, args) for _ in range(args.repeats)]
+    runs = []
+    for repeat in range(args.repeats):
+        progress.step(
+            f"{driver_name}, repeat {repeat + 1} of {args.repeats}: solo, managed, direct"
+        )
+        runs.append(once(driver_name, rows, args))
+    progress.step(f"{driver_name}: two inferences at once")
     out: dict[str, Any] = {"rows": rows, "repeats": args.repeats}
     for key in runs[0]:
         out[key] = round(statistics.median(run[key] for run in runs), 3)
@@ -315,6 +322,7 @@ def main() -> None:
     parser.add_argument("--ms", type=float, default=3.0, help="rough duration of one inference")
     parser.add_argument("--bg-threads", type=int, default=2, help="direct background threads")
     parser.add_argument("--driver", action="append", help="only these drivers")
+    parser.add_argument("--quick", action="store_true", help="a short, noisy run")
     args = parser.parse_args()
     names = args.driver or [
         n
@@ -323,7 +331,12 @@ def main() -> None:
     ]
     if args.repeats < 1 or args.seconds <= 0:
         parser.error("--repeats must be >= 1 and --seconds > 0")
-    results = {name: measure(name, args) for name in names}
+    if args.quick:
+        args.seconds, args.repeats = 0.5, 1
+    weights = [w for name in names for w in [3.0] * args.repeats + [0.3]]
+    progress = Progress("real_inference", weights)
+    results = {name: measure(name, args, progress) for name in names}
+    progress.done()
     if args.json:
         print(json.dumps(results))
     else:

@@ -167,3 +167,17 @@ def test_the_table_shows_each_target_and_verdict_on_its_figures_row(script: str)
     for row in judged:
         assert re.search(r"  (<=|<|>=|>) [\d,.]+  |  [\d.]+\.\.[\d.]+  ", row), row
     check_progress(result.stderr)
+
+
+def test_real_inference_shows_progress_and_judges_its_targets_beside_its_figures() -> None:
+    pytest.importorskip("onnxruntime")
+    result = quick("real_inference", "--json", "--driver", "onnxruntime")
+    check_progress(result.stderr)
+    figures = json.loads(result.stdout)["onnxruntime"]
+    judged = figures["targets_met"]
+    assert set(judged) == {
+        "fg_managed_p99_ms <= 1.5 x fg_solo_p99_ms",
+        "fg_managed_p99_ms < fg_direct_p99_ms",
+        "overhead_p50_us <= 50",
+    }
+    assert judged["overhead_p50_us <= 50"] == (figures["overhead_p50_us"] <= 50)
