@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -30,23 +30,7 @@ DtypeName = Literal[
     "float32",
     "float64",
 ]
-DTYPES: dict[str, np.dtype[Any]] = {
-    name: np.dtype(name)
-    for name in (
-        "bool",
-        "int8",
-        "uint8",
-        "int16",
-        "uint16",
-        "int32",
-        "uint32",
-        "int64",
-        "uint64",
-        "float16",
-        "float32",
-        "float64",
-    )
-}
+DTYPES: dict[str, np.dtype[Any]] = {name: np.dtype(name) for name in get_args(DtypeName)}
 """Every dtype a tensor on the wire may have, by its numpy name (native byte order)."""
 
 
