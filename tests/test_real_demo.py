@@ -108,8 +108,10 @@ def test_managed_apps_give_their_model_back_when_asked_and_take_turns() -> None:
     turns = shipped_scenarios()["turn_taking"]
     result = console(
         "demo", "--real", "--driver", "onnxruntime", "--scenario", str(turns), "--seconds",
-        "1.2", "--json",
+        "2.4", "--json",
     )  # fmt: skip
+    # At 1.2 s the LLM's two windows (before the assistant, after the photo editor) were
+    # 0.2 s each, and one time in three it finished no job there on this machine.
     assert result.returncode == 0, result.stderr
     runs = json.loads(result.stdout)
     assert runs["direct"]["unload_requests"] == {}
