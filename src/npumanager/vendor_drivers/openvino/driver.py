@@ -6,20 +6,24 @@ from ONNX (bytes or a `.onnx` path), OpenVINO IR (a `.xml` path with its `.bin`)
 `ov.Model`; weight bytes are the model's constants. A model is compiled with one stream per
 channel (`NUM_STREAMS`, and `INFERENCE_NUM_THREADS` per stream times streams), so the
 channels' requests really run side by side; a device that grants fewer streams (the CPU: at
-most its cores) is logged. Streams are not pinned to cores (`ENABLE_CPU_PINNING` off):
-every app's model has its own, and pinned ones put two apps' requests on one core. The
-computing happens on OpenVINO's stream threads, which a lowered worker priority would not
-reach, so `background_nice` defaults to 0 here. On an NPU the capacity is what the device
-reports free (`NPU_DEVICE_TOTAL_MEM_SIZE - NPU_DEVICE_ALLOC_MEM_SIZE`), elsewhere
-`capacity_bytes`. A request runs with `start_async` on the caller's arrays (shared, not
-copied, as ONNX Runtime reads them) and is waited for with `wait()`, which releases the
-GIL; a Python completion callback is not used (it runs on OpenVINO's thread and needs the
-GIL, and it does not fire on cancel). A running request is stopped with
-`InferRequest.cancel()`, which ends the wait with an error. The uid's band is relayed as
-`MODEL_PRIORITY` (HIGH above the last two bands, MEDIUM next to last, LOW last) and
-`WORKLOAD_TYPE` (EFFICIENT for MEDIUM and LOW): at compile time where the device lists the
-property, afterwards with `set_property`; where the device takes neither (the CPU plugin)
-one log line says so and the driver's own queue does the ordering.
+most its cores) is logged. On the CPU the channels share its cores, and the OS shares them
+out evenly between a foreground and a background request, so the driver runs with
+`shared_cores`: a foreground request stops the running background one (restart preemption:
+it starts over later) and no background request starts beside it, unless the background
+band is owed its floor share (`benchmarks/real_inference.py` measures it). Streams are not
+pinned to cores (`ENABLE_CPU_PINNING` off): every app's model has its own, and pinned ones
+put two apps' requests on one core. The computing happens on OpenVINO's stream threads,
+which a lowered worker priority would not reach, so `background_nice` defaults to 0 here.
+On an NPU the capacity is what the device reports free (`NPU_DEVICE_TOTAL_MEM_SIZE -
+NPU_DEVICE_ALLOC_MEM_SIZE`), elsewhere `capacity_bytes`. A request runs with `start_async`
+on the caller's arrays (shared, not copied, as ONNX Runtime reads them) and is waited for
+with `wait()`, which releases the GIL; a Python completion callback is not used (it runs on
+OpenVINO's thread and needs the GIL, and it does not fire on cancel). A running request is
+stopped with `InferRequest.cancel()`, which ends the wait with an error. The uid's band is
+relayed as `MODEL_PRIORITY` (HIGH above the last two bands, MEDIUM next to last, LOW last)
+and `WORKLOAD_TYPE` (EFFICIENT for MEDIUM and LOW): at compile time where the device lists
+the property, afterwards with `set_property`; where the device takes neither (the CPU
+plugin) one log line says so and the driver's own queue does the ordering.
 """
 
 from __future__ import annotations
@@ -268,6 +272,7 @@ class OpenVinoDriver(RealDriver):
         )
         # OpenVINO computes on its own stream threads: a lowered worker would only wait
         # there, and be slow to hand the GIL back to a foreground thread (measured here).
+        options.setdefault("shared_cores", name == "CPU")
         super().__init__(specs, background_nice=background_nice, **options)
 
     def _capacity(self, configured: int | None) -> int:

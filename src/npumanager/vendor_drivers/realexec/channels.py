@@ -61,6 +61,7 @@ class Channels(DriverBase):
         reserved_channels: int = REAL_RESERVED_CHANNELS,
         background_nice: int = REAL_BACKGROUND_NICE,
         restart_preemption: bool = True,
+        shared_cores: bool = False,
     ) -> None:
         if clock != "real":
             raise IllegalArgumentError(
@@ -83,6 +84,11 @@ class Channels(DriverBase):
                 f"restart_preemption must be True or False; got {restart_preemption!r}"
             )
         self.restart_preemption = restart_preemption
+        if not isinstance(shared_cores, bool):
+            raise IllegalArgumentError(f"shared_cores must be True or False; got {shared_cores!r}")
+        self.shared_cores = shared_cores
+        """The channels compute on the same cores (a CPU): while foreground work runs,
+        background work (not owed its floor share) does not run beside it."""
         self._background_limit = [max(1, s.channels - reserved) for s in self.specs]
         self._background_from = [background_from(s) for s in self.specs]
         self._background_busy = [0] * len(self.specs)
@@ -283,10 +289,20 @@ class Channels(DriverBase):
         device = work.device
         if not self._in_background(work):
             return False
+        if self._beside_foreground(device, work):
+            return True
         if self._background_busy[device] < self._background_limit[device]:
             return False
         running = [w.effective_priority for w in self._scheds[device].running if w is not None]
         return not work.effective_priority < min(running, default=work.effective_priority + 1)
+
+    def _beside_foreground(self, device: int, work: Work) -> bool:
+        """With `shared_cores`, background work would share the cores with running
+        foreground work, and its band is not owed its floor share (lock held)."""
+        sched = self._scheds[device]
+        if not self.shared_cores or (sched.fair and sched.credit[work.band] > 0):
+            return False
+        return any(w is not None and not self._in_background(w) for w in sched.running)
 
     def _preempt(self, device: int) -> None:
         """Restart preemption (lock held): when every channel is busy and the next job is of
@@ -295,6 +311,17 @@ class Channels(DriverBase):
         job whose band is owed its floor share (fair) is not stopped: it would only start
         over, again and again."""
         sched = self._scheds[device]
+        if self.restart_preemption and self.shared_cores:
+            for work in sched.running:
+                if (
+                    work is not None
+                    and not work.stopping
+                    and self._in_background(work)
+                    and self._beside_foreground(device, work)
+                ):
+                    work.stopping = True
+                    assert work.call is not None
+                    work.call.cancel()
         if not self.restart_preemption or not sched.queued or None in sched.running:
             return
         running = [w for w in sched.running if w is not None]

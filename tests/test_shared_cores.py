@@ -1,0 +1,107 @@
+"""`shared_cores`: on a device whose channels compute on the same cores (a CPU), foreground
+work stops the background work running beside it and none starts beside it; without it,
+the two run side by side. Real work on the onnxruntime driver's timed model."""
+
+from __future__ import annotations
+
+import pytest
+
+from npumanager.core.events import EventKind
+from npumanager.schemas import EndReason, SchedulingConfig
+from npumanager.testing.base import lifecycle
+from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver
+
+FOREGROUND, BACKGROUND = 10, 11
+
+
+def _run(shared_cores: bool, background_jobs: int = 1) -> tuple[list[int], int, list]:  # type: ignore[type-arg]
+    """A long background inference (and more queued), then a short foreground one once
+    the first is running, on a device with no floor share; the work ids and every event."""
+    spec = {"channels": 2, "floor_percent": 0}
+    with OnnxRuntimeDriver(devices=[spec], shared_cores=shared_cores) as d:
+        d.set_scheduling_configs(
+            [
+                SchedulingConfig(uid=FOREGROUND, app_priority=100),
+                SchedulingConfig(uid=BACKGROUND, app_priority=1000),
+            ]
+        )
+        model = d.load_timed_model()
+        background = [
+            d.submit_future(model, uid=BACKGROUND, inputs=d.timed_inputs(model, 300)).work_id
+            for _ in range(background_jobs)
+        ]
+        while background[0] not in d.device_state(0).running:
+            d.run_until_idle(max_us=1000)
+        foreground = d.submit_future(model, uid=FOREGROUND, inputs=d.timed_inputs(model, 20))
+        d.run_until_idle()
+        return background, foreground.work_id, d.take_events()
+
+
+def test_foreground_work_stops_the_background_work_running_beside_it() -> None:
+    background, foreground, events = _run(shared_cores=True)
+    assert lifecycle(events, background[0]) == [
+        ("REQUESTED", ""),
+        ("STARTED", "INITIAL"),
+        ("ENDED", "PAUSED"),
+        ("STARTED", "RESUMED"),
+        ("ENDED", "COMPLETED"),
+    ]
+    at = {(e.id, e.kind, e.reason): i for i, e in enumerate(events)}
+    fg_ended = at[(foreground, EventKind.ENDED, EndReason.COMPLETED)]
+    resumed = [i for i, e in enumerate(events) if e.id == background[0]][3]
+    assert fg_ended < resumed, "the background work started again only once the foreground ended"
+
+
+def test_no_background_work_starts_beside_running_foreground_work() -> None:
+    background, foreground, events = _run(shared_cores=True, background_jobs=3)
+    fg = [i for i, e in enumerate(events) if e.id == foreground]
+    started_during = [
+        e.id for e in events[fg[1] : fg[2]] if e.kind == EventKind.STARTED and e.id in background
+    ]
+    assert started_during == [], f"background work {started_during} started beside the foreground"
+    for work in background:
+        assert lifecycle(events, work)[-1] == ("ENDED", "COMPLETED")
+
+
+def test_without_shared_cores_background_work_runs_beside_foreground_work() -> None:
+    background, foreground, events = _run(shared_cores=False)
+    assert lifecycle(events, background[0]) == [
+        ("REQUESTED", ""),
+        ("STARTED", "INITIAL"),
+        ("ENDED", "COMPLETED"),
+    ]
+    assert lifecycle(events, foreground)[-1] == ("ENDED", "COMPLETED")
+
+
+@pytest.mark.parametrize("floor", [0, 10])
+def test_background_work_owed_its_floor_share_runs_beside_foreground_work(floor: int) -> None:
+    spec = {"channels": 2, "floor_percent": floor}
+    with OnnxRuntimeDriver(devices=[spec], shared_cores=True) as d:
+        d.set_scheduling_configs(
+            [
+                SchedulingConfig(uid=FOREGROUND, app_priority=100),
+                SchedulingConfig(uid=BACKGROUND, app_priority=1000),
+            ]
+        )
+        model = d.load_timed_model()
+        flood = [
+            d.submit_future(model, uid=FOREGROUND, inputs=d.timed_inputs(model, 15)).work_id
+            for _ in range(12)
+        ]
+        d.run_until_idle(max_us=5000)
+        background = d.submit_future(model, uid=BACKGROUND, inputs=d.timed_inputs(model, 5))
+        d.run_until_idle()
+        ended = [e.id for e in d.take_events() if e.kind == EventKind.ENDED]
+    if floor:
+        assert ended.index(background.work_id) < ended.index(flood[-1]), "owed: it ran"
+    else:
+        assert ended[-1] == background.work_id, "no floor: it waited for the foreground"
+
+
+@pytest.mark.parametrize(("given", "expected"), [({}, True), ({"shared_cores": False}, False)])
+def test_openvino_on_the_cpu_runs_with_shared_cores(given: dict, expected: bool) -> None:  # type: ignore[type-arg]
+    pytest.importorskip("openvino")
+    from npumanager.vendor_drivers.openvino.driver import OpenVinoDriver
+
+    with OpenVinoDriver(device="CPU", **given) as d:
+        assert d.shared_cores is expected
