@@ -209,12 +209,17 @@ class Channels(DriverBase):
     def _execute(self, work: Work) -> list[np.ndarray] | None:
         """Run started work on this thread (lock not held), then end it as it went; its
         outputs if this ended it COMPLETED."""
-        session = self._models[work.model].session
-        assert session is not None and work.feeds is not None and work.call is not None
+        with self._lock:  # it may have ended (cancelled, unloaded) since it started
+            live = self._work.get(work.id) is work
+            session = self._models[work.model].session if live else None
+            feeds = work.feeds
+        assert work.call is not None
         outputs: list[np.ndarray] | None = None
         error: Exception | None = None
         try:
-            outputs = session.run(work.feeds, work.call)
+            if session is None or feeds is None:
+                raise ExecutionError(f"work {work.id} ended before it ran")
+            outputs = session.run(feeds, work.call)
         except Exception as exc:  # the runtime's failure or its stop
             error = exc
         ended: EndReason | None = None
