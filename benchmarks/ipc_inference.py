@@ -2,7 +2,9 @@
 
 * overhead: a model built in code (the input summed along its rows: the output is small,
   so the figure is the cost of moving the input and the round trip) with inputs of 4 KiB
-  and 1 MiB. In process, a `Service` on the onnxruntime driver runs `LoadedModel.run`;
+  and 1 MiB, run by an app in the foreground (its importance set as the platform would,
+  here and in the daemon). In process, a `Service` on the onnxruntime driver runs
+  `LoadedModel.run`;
   through the daemon, `npu-manager serve --driver onnxruntime` in another process and
   `npumanager.connect()`, the same call. Rounds alternate the two; the overhead of a
   round is its p50 (p99) less the in-process round's p50 (p99) beside it, and the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -94,6 +97,10 @@ def overhead(samples: int, rounds: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         daemon = _serve(Path(tmp) / "npu.sock")
         try:
+            # The app is in the foreground, as the platform would say, in both places.
+            service.set_uid_importance(10001, npu.IMPORTANCE_FOREGROUND)
+            with npu.DaemonClient(Path(tmp) / "npu.sock") as admin:
+                admin.set_uid_importance(os.getuid(), npu.IMPORTANCE_FOREGROUND)
             local = _loaded(service.manager(10001, uses_feature=True))
             remote_manager = npu.connect(Path(tmp) / "npu.sock", uses_feature=True)
             remote = _loaded(remote_manager)

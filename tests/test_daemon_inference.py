@@ -575,3 +575,43 @@ def test_a_slow_model_load_does_not_hold_up_the_other_clients(
     assert loader._messages.empty(), "the load was answered before the other client's runs"
     reply = loader.expect(lambda m: m.get("reply") == "real_load", timeout=120)
     assert reply["result"]["weight_bytes"] == BIG_SIDE * BIG_SIDE * 4
+
+
+def in_front(daemon: DaemonProcess) -> None:
+    """Say, as the platform would, which app is in the foreground and which is cached."""
+    with npu.DaemonClient(daemon.socket) as admin:
+        admin.set_uid_importance(FOREGROUND_UID, npu.IMPORTANCE_FOREGROUND)
+        admin.set_uid_importance(BACKGROUND_UID, npu.IMPORTANCE_CACHED)
+
+
+def test_foreground_inferences_run_on_the_loops_thread_and_background_ones_on_workers(
+    start: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon = start()
+    in_front(daemon)
+    foreground = loaded_app(daemon, FOREGROUND_UID, model_file)
+    background = loaded_app(daemon, BACKGROUND_UID, model_file)
+    for _ in range(3):
+        assert foreground.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+    counted = info(daemon)["daemon"]
+    assert counted["inferences_inline"] >= 1, counted
+    for _ in range(3):
+        assert "sha256" in background.ok("real_run", id=1, rows=4)
+    after = info(daemon)["daemon"]
+    assert after["inferences_inline"] == counted["inferences_inline"], "background stays off it"
+    assert after["inferences_to_workers"] == counted["inferences_to_workers"] + 3
+
+
+def test_while_the_loops_thread_runs_a_long_inference_the_standby_serves_the_others(
+    start: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon = start()
+    in_front(daemon)
+    foreground = loaded_app(daemon, FOREGROUND_UID, model_file)
+    other = loaded_app(daemon, BACKGROUND_UID, model_file)
+    work_id = foreground.ok("real_submit", id=1, rows=LONG_ROWS)
+    wait_for(lambda: any(d["running"] for d in info(daemon)["devices"]))
+    assert info(daemon)["daemon"]["inferences_inline"] == 1, "the long one runs on it"
+    assert "sha256" in other.ok("real_run", id=1, rows=4)
+    assert any(d["running"] for d in info(daemon)["devices"]), "served while it still ran"
+    assert "sha256" in foreground.ok("real_result", work_id=work_id)

@@ -113,7 +113,8 @@ def test_watch_prints_each_new_reading_until_interrupted(tmp_path: Path) -> None
             if json.loads(line)["severity"] == {"0": "CRITICAL"}:
                 break
         process.send_signal(signal.SIGINT)
-        assert process.wait(30) == 0
+        process.communicate(timeout=30)  # reading on: a full pipe would block its writes
+        assert process.returncode == 0
     finally:
         process.kill()
         process.wait()

@@ -226,8 +226,10 @@ class LocalBackend:
         feature_id: str | None,
         *,
         inline: bool = False,
+        inline_background: bool = True,
     ) -> WorkHandle:
-        """Run one real inference on a loaded model; a future of its outputs."""
+        """Run one real inference on a loaded model; a future of its outputs (`inline`:
+        see `RealExecution.submit_future`; `run_admitted` then runs it)."""
         d, manager = self._d, model.manager
         with d.lock:
             self._check_attribution(manager, original_uid)
@@ -242,9 +244,15 @@ class LocalBackend:
                 feature_id=feature_id,
                 debug_pid=manager.pid or 0,
                 inline=inline,
+                inline_background=inline_background,
             )
             d.requests.work_submitted(future.work_id, model)
             return future
+
+    def run_admitted(self, handle: WorkHandle) -> None:
+        """Run here, outside the service lock, work `submit_inference(inline=True)` put on
+        a channel; nothing if it took none."""
+        self._real_driver().run_admitted(handle)
 
     def run_inference(
         self,

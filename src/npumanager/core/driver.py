@@ -194,6 +194,9 @@ class WorkHandle(Protocol):
     work id of its events; `cancel()` cancels the work, queued or running."""
 
     work_id: int
+    inline: Any
+    """Set while work submitted `inline` holds a channel it has not run on yet (None
+    otherwise): `run_admitted` runs it."""
 
     def result(self, timeout: float | None = None) -> list[Any]:
         """The outputs; raises if the work failed, was cancelled, or `timeout` passed."""
@@ -240,13 +243,18 @@ class RealExecution(Protocol):
         feature_id: str | None = None,
         debug_pid: int = 0,
         inline: bool = False,
+        inline_background: bool = True,
     ) -> WorkHandle:
         """Queue one inference; a future of its outputs (`inline`: `outputs` may run it on
-        the calling thread)."""
+        the calling thread; with `inline_background` False, background work never does)."""
 
     def outputs(self, handle: Any, timeout: float | None = None) -> list[Any]:
         """The outputs of submitted work (run here if it was submitted `inline` and a
         channel was free); after `timeout` seconds it is cancelled and `TimeoutError` raised."""
+
+    def run_admitted(self, handle: Any) -> None:
+        """Run work submitted `inline` that took a channel here, on the calling thread, and
+        end it as it went (its future says how); nothing if it took none."""
 
 
 @runtime_checkable

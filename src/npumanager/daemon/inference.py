@@ -28,6 +28,7 @@ from npumanager.daemon import protocol as p
 from npumanager.daemon.calls import NO_REPLY, Calls, Handler, NoReply
 from npumanager.daemon.connection import Connection
 from npumanager.daemon.frames import call_error, clip
+from npumanager.daemon.leadership import Leadership
 from npumanager.daemon.segment import SharedSegment, read_model_file
 from npumanager.daemon.stats import DaemonStats
 from npumanager.errors import (
@@ -53,6 +54,7 @@ class InferenceCalls:
         service: Service,
         calls: Calls,
         post: Callable[[Task], None],
+        leadership: Leadership | None = None,
         *,
         max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES,
         max_model_file_bytes: int = DEFAULT_MAX_MODEL_FILE_BYTES,
@@ -62,6 +64,7 @@ class InferenceCalls:
         self.backend = service.backend
         self.calls = calls
         self._post = post
+        self._leadership = leadership
         self.max_shared_bytes = max_shared_bytes
         self.max_model_file_bytes = max_model_file_bytes
         self.max_in_flight = max_in_flight
@@ -167,6 +170,8 @@ class InferenceCalls:
         feeds = segment.inputs(message.inputs)
         model = self.calls.model(connection, message.model)
         raw = group_bytes(message.group_id.value if message.group_id is not None else None)
+        leadership = self._leadership
+        inline = leadership is not None and leadership.can_defer()
         work = self.backend.submit_inference(
             model,
             feeds,
@@ -174,11 +179,19 @@ class InferenceCalls:
             message.original_uid,
             raw,
             message.feature_id,
+            inline=inline,
+            inline_background=False,
         )
         connection.inferences[work.work_id] = message.seq
         connection.inference_models[work.work_id] = message.model
         done = _Ended(weakref.ref(connection), segment, message, work.work_id, self._post)
         work.add_done_callback(done)
+        if inline and leadership is not None and work.inline is not None:
+            backend = self.backend
+            leadership.defer(lambda: backend.run_admitted(work))
+            self.stats.inferences_inline += 1
+        else:
+            self.stats.inferences_to_workers += 1
         return {"work_id": work.work_id} if message.ack else NO_REPLY
 
     def on_cancel_infer(self, connection: Connection, message: p.CancelInference) -> None:

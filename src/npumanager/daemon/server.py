@@ -37,6 +37,7 @@ from npumanager.daemon.connection import Connection
 from npumanager.daemon.frames import FrameHandler
 from npumanager.daemon.inference import InferenceCalls
 from npumanager.daemon.info import InfoCache
+from npumanager.daemon.leadership import Leadership
 from npumanager.daemon.memory import give_back_memory
 from npumanager.daemon.peer import peer_credentials
 from npumanager.daemon.quotas import DaemonLimits, UidUsage
@@ -100,7 +101,7 @@ class Daemon:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._binding: Binding | None = None
         self._stopping = False
-        self._loop_thread: int | None = None
+        self.leadership = Leadership()
         self._accept_resume_at: float | None = None
         self._next_idle_scan = 0.0
         self._trim_at: float | None = None
@@ -110,6 +111,7 @@ class Daemon:
             service,
             self.calls,
             self.post,
+            self.leadership,
             max_shared_bytes=self.limits.max_shared_bytes,
             max_model_file_bytes=self.limits.max_model_file_bytes,
             max_in_flight=self.limits.max_inferences_per_connection,
@@ -157,21 +159,22 @@ class Daemon:
         """Run until `stop()`, then close the service and every connection."""
         if self._binding is None:
             self.bind()
-        self._loop_thread = threading.get_ident()
-        select = self._selector.select
         self.notifier.notify(
             "READY=1", f"STATUS=serving on {self.socket_path}", f"MAINPID={os.getpid()}"
         )
         self._pet_watchdog(time.monotonic())
-        try:
-            while not self._stopping:
-                for key, mask in select(0 if self.transport.backlog else self._timeout()):
-                    key.data(key.fileobj, mask)
-                self.transport.serve_backlog()
-                self._on_time(time.monotonic())
-                self._turn()
-        finally:
-            self._shutdown()
+        self.leadership.run(self._loop_turn, self._shutdown)
+
+    def _loop_turn(self) -> bool:
+        """One turn of the loop (on the thread leading it); False once it is to stop."""
+        if self._stopping:
+            return False
+        for key, mask in self._selector.select(0 if self.transport.backlog else self._timeout()):
+            key.data(key.fileobj, mask)
+        self.transport.serve_backlog()
+        self._on_time(time.monotonic())
+        self._turn()
+        return True
 
     def stop(self) -> None:
         """Ask the loop to finish (safe from any thread and from a signal handler)."""
@@ -181,7 +184,7 @@ class Daemon:
     def post(self, task: Task) -> None:
         """The executor of every remote request: run `task` on the loop thread."""
         self._ready.append(task)
-        if threading.get_ident() != self._loop_thread:
+        if threading.get_ident() != self.leadership.loop_thread:
             self._wake()
 
     def _wake(self) -> None:

@@ -24,6 +24,9 @@ class DaemonStats:
         self.closed_idle = 0
         self.deaths = 0
         self.accept_pauses = 0
+        self.inferences_inline = 0
+        """Inferences run by the loop's thread, the standby leading meanwhile."""
+        self.inferences_to_workers = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Every counter, and the uptime in seconds."""

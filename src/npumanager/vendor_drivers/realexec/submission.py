@@ -73,10 +73,13 @@ class Submission(Channels):
         debug_pid: int = 0,
         keep: bool = False,
         inline: bool = False,
+        inline_background: bool = True,
     ) -> WorkFuture:
         """Queue one inference; a future of its outputs (`cancel()` cancels the work).
         `inline`: if it is next in line and a channel is free, it takes the channel now and
-        `outputs` runs it on the calling thread."""
+        `outputs` (or `run_admitted`) runs it on the calling thread; with
+        `inline_background` False, background work is left to the workers (their lower OS
+        priority) all the same."""
         self._check_open()
         uid = check_int("uid", uid, 0, INT32_MAX)
         original = (
@@ -135,6 +138,7 @@ class Submission(Channels):
                 return work.future
             self._work[work_id] = work
             sched = self._scheds[device]
+            inline = inline and (inline_background or not self._in_background(work))
             channel = self._inline_channel(work) if inline and not sched.queued else None
             if channel is not None:
                 sched.admit(work, channel, t)
@@ -177,6 +181,13 @@ class Submission(Channels):
             model, uid=uid, inputs=inputs, job_priority=job_priority, inline=True, **details
         )
         return self.outputs(future, timeout)
+
+    def run_admitted(self, future: WorkFuture) -> None:
+        """Run work that `submit_future(inline=True)` put on a channel here, on the calling
+        thread, and end it as it went (its future says how); nothing if it took none."""
+        work, future.inline = future.inline, None
+        if work is not None:
+            self._execute(work)
 
     def outputs(self, future: WorkFuture, timeout: float | None = None) -> list[np.ndarray]:
         """The outputs of submitted work. Work submitted `inline` that took a channel runs
