@@ -58,3 +58,23 @@ def test_a_job_that_raises_is_logged_and_the_loop_goes_on() -> None:
 
     lead.run(turn, lambda: None)
     assert turns[0] == 20
+
+
+def test_a_turn_that_raises_shuts_down_once_and_run_raises_it() -> None:
+    lead = Leadership()
+    shutdowns: list[int] = []
+    turns = [0]
+
+    def turn() -> bool:
+        turns[0] += 1
+        if turns[0] == 3:
+            raise OSError("the selector broke")
+        return True
+
+    try:
+        lead.run(turn, lambda: shutdowns.append(1))
+    except OSError as exc:
+        assert str(exc) == "the selector broke"
+    else:
+        raise AssertionError("run() did not raise what the turn raised")
+    assert shutdowns == [1]

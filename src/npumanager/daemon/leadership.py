@@ -27,6 +27,7 @@ class Leadership:
         self._standby = 0
         self._done = False
         self._job: Job | None = None
+        self._error: BaseException | None = None
         self.loop_thread: int | None = None
         """The thread leading the loop now (None while it changes hands)."""
 
@@ -41,8 +42,9 @@ class Leadership:
         self._job = job
 
     def run(self, turn: Callable[[], bool], shutdown: Callable[[], None]) -> None:
-        """Lead the loop on this thread and one standby, until `turn` says to stop (False);
-        then `shutdown` runs on the thread leading, and this returns once it has."""
+        """Lead the loop on this thread and one standby, until `turn` says to stop (False)
+        or raises; then `shutdown` runs on the thread leading, and this returns once it has
+        (raising what `turn` raised, on whichever thread)."""
         standby = threading.Thread(
             target=self._follow, args=(turn, shutdown, False), name="npu-loop", daemon=True
         )
@@ -51,6 +53,8 @@ class Leadership:
         standby.start()
         self._follow(turn, shutdown, True)
         standby.join(timeout=5)
+        if self._error is not None:
+            raise self._error
 
     def _follow(self, turn: Callable[[], bool], shutdown: Callable[[], None], lead: bool) -> None:
         while True:
@@ -65,11 +69,17 @@ class Leadership:
                     self._leading = True
             lead = False
             self.loop_thread = threading.get_ident()
-            while self._job is None:
-                if not turn():
-                    self._finish(shutdown)
-                    return
-            job, self._job = self._job, None
+            stop = False
+            try:
+                while self._job is None and not stop:
+                    stop = not turn()
+            except BaseException as exc:
+                self._error, stop = exc, True
+            if stop:  # a job deferred this turn is dropped: closing the service ends it
+                self._job = None
+                self._finish(shutdown)
+                return
+            job = self._take_job()
             with self._cv:
                 self.loop_thread = None
                 self._leading = False
@@ -78,6 +88,11 @@ class Leadership:
                 job()
             except Exception:
                 log.exception("an inference run by the loop's thread raised")
+
+    def _take_job(self) -> Job:
+        job, self._job = self._job, None
+        assert job is not None
+        return job
 
     def _finish(self, shutdown: Callable[[], None]) -> None:
         try:
