@@ -105,3 +105,21 @@ def test_openvino_on_the_cpu_runs_with_shared_cores(given: dict, expected: bool)
 
     with OpenVinoDriver(device="CPU", **given) as d:
         assert d.shared_cores is expected
+
+
+def test_a_foreground_inference_run_inline_stops_the_background_work_too() -> None:
+    spec = {"channels": 2, "floor_percent": 0}
+    with OnnxRuntimeDriver(devices=[spec], shared_cores=True) as d:
+        d.set_scheduling_configs(
+            [
+                SchedulingConfig(uid=FOREGROUND, app_priority=100),
+                SchedulingConfig(uid=BACKGROUND, app_priority=1000),
+            ]
+        )
+        model = d.load_timed_model()
+        work = d.submit_future(model, uid=BACKGROUND, inputs=d.timed_inputs(model, 300)).work_id
+        while work not in d.device_state(0).running:
+            d.run_until_idle(max_us=1000)
+        d.run_inference(model, uid=FOREGROUND, inputs=d.timed_inputs(model, 20))  # this thread
+        d.run_until_idle()
+        assert ("ENDED", "PAUSED") in lifecycle(d.take_events(), work)

@@ -154,6 +154,7 @@ class Submission(Channels):
                 sched.pick(t, below)
                 sched.start(work, channel, t)
             self._start(work, channel, t)
+            self._preempt(device)  # shared_cores: background work beside it stops
             work.future.inline = work
             return work.future
 
