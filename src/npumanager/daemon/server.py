@@ -1,11 +1,13 @@
 """The daemon: one `Service` shared by every process that connects to its Unix socket.
 
-One thread runs a selector loop over the listening socket, the clients' connections and
-a wake-up descriptor. Frames are handled on that thread; the service's deliveries for a
-connection are posted to it too, so every write to a client happens there, and a reply
-and the decision it caused leave in one send. A client is known by the kernel's
-credentials of its socket. When its connection closes, however it died, its requests end
-at once (its loaded work is cancelled, the policy re-evaluates).
+One thread at a time leads a selector loop over the listening socket, the clients'
+connections and a wake-up descriptor (`leadership`: a leader that took a foreground
+inference runs it once its turn is over, and a standby thread leads meanwhile). Frames
+are handled by the leading thread; the service's deliveries for a connection are posted
+to it too, so a reply and the decision it caused leave in one send; only an inference's
+completion is sent by the thread that ran it, when nothing waits before it. A client is
+known by the kernel's credentials of its socket. When its connection closes, however it
+died, its requests end at once (its loaded work is cancelled, the policy re-evaluates).
 
 No client can stop the loop or starve the others: whatever a connection's frames raise
 ends at that connection; each connection gets a slice of each turn, and none while it
@@ -182,7 +184,7 @@ class Daemon:
         self._wake()
 
     def post(self, task: Task) -> None:
-        """The executor of every remote request: run `task` on the loop thread."""
+        """The executor of every remote request: run `task` on the thread leading the loop."""
         self._ready.append(task)
         if threading.get_ident() != self.leadership.loop_thread:
             self._wake()
