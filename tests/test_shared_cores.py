@@ -14,17 +14,22 @@ from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver
 FOREGROUND, BACKGROUND = 10, 11
 
 
+def _rank(d: OnnxRuntimeDriver) -> None:
+    """FOREGROUND's work in a foreground band, BACKGROUND's in a background one."""
+    d.set_scheduling_configs(
+        [
+            SchedulingConfig(uid=FOREGROUND, app_priority=100),
+            SchedulingConfig(uid=BACKGROUND, app_priority=1000),
+        ]
+    )
+
+
 def _run(shared_cores: bool, background_jobs: int = 1) -> tuple[list[int], int, list]:  # type: ignore[type-arg]
     """A long background inference (and more queued), then a short foreground one once
     the first is running, on a device with no floor share; the work ids and every event."""
     spec = {"channels": 2, "floor_percent": 0}
     with OnnxRuntimeDriver(devices=[spec], shared_cores=shared_cores) as d:
-        d.set_scheduling_configs(
-            [
-                SchedulingConfig(uid=FOREGROUND, app_priority=100),
-                SchedulingConfig(uid=BACKGROUND, app_priority=1000),
-            ]
-        )
+        _rank(d)
         model = d.load_timed_model()
         background = [
             d.submit_future(model, uid=BACKGROUND, inputs=d.timed_inputs(model, 300)).work_id
@@ -77,12 +82,7 @@ def test_without_shared_cores_background_work_runs_beside_foreground_work() -> N
 def test_background_work_owed_its_floor_share_runs_beside_foreground_work(floor: int) -> None:
     spec = {"channels": 2, "floor_percent": floor}
     with OnnxRuntimeDriver(devices=[spec], shared_cores=True) as d:
-        d.set_scheduling_configs(
-            [
-                SchedulingConfig(uid=FOREGROUND, app_priority=100),
-                SchedulingConfig(uid=BACKGROUND, app_priority=1000),
-            ]
-        )
+        _rank(d)
         model = d.load_timed_model()
         flood = [
             d.submit_future(model, uid=FOREGROUND, inputs=d.timed_inputs(model, 15)).work_id
@@ -110,12 +110,7 @@ def test_openvino_on_the_cpu_runs_with_shared_cores(given: dict, expected: bool)
 def test_a_foreground_inference_run_inline_stops_the_background_work_too() -> None:
     spec = {"channels": 2, "floor_percent": 0}
     with OnnxRuntimeDriver(devices=[spec], shared_cores=True) as d:
-        d.set_scheduling_configs(
-            [
-                SchedulingConfig(uid=FOREGROUND, app_priority=100),
-                SchedulingConfig(uid=BACKGROUND, app_priority=1000),
-            ]
-        )
+        _rank(d)
         model = d.load_timed_model()
         work = d.submit_future(model, uid=BACKGROUND, inputs=d.timed_inputs(model, 300)).work_id
         while work not in d.device_state(0).running:
