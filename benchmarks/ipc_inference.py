@@ -9,6 +9,9 @@
   `npumanager.connect()`, the same call. Rounds alternate the two; the overhead of a
   round is its p50 (p99) less the in-process round's p50 (p99) beside it, and the
   figure is the median over rounds. Targets: p50 <= 100 us, p99 <= 300 us at 1 MiB.
+* floor: the same, for a bare round trip with no framework (benchmarks/ipc_floor.py: a
+  memfd, a socketpair and a process blocked in recv running the same session), in the
+  same rounds: what moving the input between processes costs on this machine at all.
 * two processes: examples/two_processes/run.py (a foreground app with a 16.7 ms frame
   beside a background flood, through the daemon and direct). Target: the foreground's
   managed p99 within 1.5x its solo p99.
@@ -28,10 +31,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from _report import Progress, Target, print_report
+from ipc_floor import BareRoundTrip
 from onnx import TensorProto, helper
 
 import npumanager as npu
@@ -71,10 +76,15 @@ def _loaded(manager: npu.NpuManager) -> npu.LoadedModel:
 
 
 def _round(model: npu.LoadedModel, feeds: dict[str, np.ndarray], samples: int) -> list[float]:
+    return _timed(lambda: model.run(feeds), samples)
+
+
+def _timed(call: Callable[[], object], samples: int) -> list[float]:
+    """Microseconds each of `samples` calls took."""
     times = []
     for _ in range(samples):
         start = time.perf_counter_ns()
-        model.run(feeds)
+        call()
         times.append((time.perf_counter_ns() - start) / 1000)
     return times
 
@@ -92,8 +102,11 @@ def _serve(path: Path) -> subprocess.Popen[bytes]:
 
 def overhead(samples: int, rounds: int) -> dict[str, Any]:
     """Per-size medians over rounds of the daemon's p50/p99 less the in-process ones."""
-    rows: dict[str, list[tuple[float, float, float, float]]] = {size: [] for size in SIZES}
+    rows: dict[str, list[tuple[float, float, float, float, float, float]]] = {
+        size: [] for size in SIZES
+    }
     service = npu.Service("onnxruntime")
+    floor = BareRoundTrip(summing_model())
     with tempfile.TemporaryDirectory() as tmp:
         daemon = _serve(Path(tmp) / "npu.sock")
         try:
@@ -108,14 +121,18 @@ def overhead(samples: int, rounds: int) -> dict[str, Any]:
                 for size, nbytes in SIZES.items():
                     feeds = {"x": np.ones((nbytes // (4 * WIDTH), WIDTH), dtype=np.float32)}
                     assert np.array_equal(local.run(feeds)[0], remote.run(feeds)[0])
+                    assert np.array_equal(local.run(feeds)[0], floor.run(feeds["x"]))
                     here = _round(local, feeds, samples)
                     there = _round(remote, feeds, samples)
+                    bare = _timed(lambda x=feeds["x"]: floor.run(x), samples)
                     rows[size].append(
                         (
                             _percentile(here, 0.5),
                             _percentile(here, 0.99),
                             _percentile(there, 0.5),
                             _percentile(there, 0.99),
+                            _percentile(bare, 0.5),
+                            _percentile(bare, 0.99),
                         )
                     )
             remote_manager.close()
@@ -123,6 +140,7 @@ def overhead(samples: int, rounds: int) -> dict[str, Any]:
             daemon.terminate()
             daemon.wait(30)
             service.close()
+            floor.close()
     result: dict[str, Any] = {}
     for size, figures in rows.items():
         result[f"in_process_{size}_p50_us"] = round(statistics.median(f[0] for f in figures), 1)
@@ -133,6 +151,8 @@ def overhead(samples: int, rounds: int) -> dict[str, Any]:
         result[f"infer_overhead_{size}_p99_us"] = round(
             statistics.median(f[3] - f[1] for f in figures), 1
         )
+        result[f"floor_{size}_p50_us"] = round(statistics.median(f[4] - f[0] for f in figures), 1)
+        result[f"floor_{size}_p99_us"] = round(statistics.median(f[5] - f[1] for f in figures), 1)
     return result
 
 

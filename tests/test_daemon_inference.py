@@ -273,10 +273,15 @@ class RawApp:
         self.client = npu.DaemonClient(daemon.socket, uses_feature=True, shared_bytes=shared_bytes)
         self.manager = self.client.manager()
 
-    def granted_model(self, model_file: Path, request_id: int = 1) -> npu.LoadedModel:
+    def granted_model(
+        self, model_file: Path | None = None, request_id: int = 1, *, model: bytes | None = None
+    ) -> npu.LoadedModel:
+        """A model loaded under a new granted request: a file by path, or bytes."""
         request = npu.ModelLoadRequest.Builder(request_id).set_size(0).build()
         lease = self.manager.reserve(request, timeout_s=10)
         lease.__enter__()
+        if model is not None:
+            return lease.load_model(model=model)
         return lease.load_model(path=str(model_file))
 
     def infer(self, model: int, inputs: list[dict[str, Any]], out: tuple[int, int]) -> Any:
@@ -584,19 +589,33 @@ def in_front(daemon: DaemonProcess) -> None:
         admin.set_uid_importance(BACKGROUND_UID, npu.IMPORTANCE_CACHED)
 
 
-def test_foreground_inferences_run_on_the_loops_thread_and_background_ones_on_workers(
+def apps_in_front(
     start: Callable[..., DaemonProcess], model_file: Path
-) -> None:
+) -> tuple[DaemonProcess, Child, Child]:
+    """A daemon, its foreground app and its cached app (`in_front`), each with the model."""
     daemon = start()
     in_front(daemon)
     foreground = loaded_app(daemon, FOREGROUND_UID, model_file)
     background = loaded_app(daemon, BACKGROUND_UID, model_file)
+    return daemon, foreground, background
+
+
+def submitted(child: Child, **fields: Any) -> Any:
+    """An inference through the connection (`submit`, not the lane) and its digest."""
+    work_id = child.ok("real_submit", id=1, **fields)
+    return child.ok("real_result", work_id=work_id)
+
+
+def test_foreground_inferences_run_on_the_loops_thread_and_background_ones_on_workers(
+    start: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon, foreground, background = apps_in_front(start, model_file)
     for _ in range(3):
-        assert foreground.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+        assert submitted(foreground, rows=4, value=0.5) == in_process_digest(4, 0.5)
     counted = info(daemon)["daemon"]
     assert counted["inferences_inline"] >= 1, counted
     for _ in range(3):
-        assert "sha256" in background.ok("real_run", id=1, rows=4)
+        assert "sha256" in submitted(background, rows=4)
     after = info(daemon)["daemon"]
     assert after["inferences_inline"] == counted["inferences_inline"], "background stays off it"
     assert after["inferences_to_workers"] == counted["inferences_to_workers"] + 3
@@ -605,13 +624,11 @@ def test_foreground_inferences_run_on_the_loops_thread_and_background_ones_on_wo
 def test_while_the_loops_thread_runs_a_long_inference_the_standby_serves_the_others(
     start: Callable[..., DaemonProcess], model_file: Path
 ) -> None:
-    daemon = start()
-    in_front(daemon)
-    foreground = loaded_app(daemon, FOREGROUND_UID, model_file)
-    other = loaded_app(daemon, BACKGROUND_UID, model_file)
+    daemon, foreground, other = apps_in_front(start, model_file)
     work_id = foreground.ok("real_submit", id=1, rows=LONG_ROWS)
     wait_for(lambda: any(d["running"] for d in info(daemon)["devices"]))
     assert info(daemon)["daemon"]["inferences_inline"] == 1, "the long one runs on it"
-    assert "sha256" in other.ok("real_run", id=1, rows=4)
+    # With a timeout, a run takes the connection (not its lane): the loop serves it.
+    assert "sha256" in other.ok("real_run", id=1, rows=4, run_timeout=30)
     assert any(d["running"] for d in info(daemon)["devices"]), "served while it still ran"
     assert "sha256" in foreground.ok("real_result", work_id=work_id)

@@ -143,6 +143,7 @@ class DaemonClient(WireClient):
         """Leave: the daemon ends this client's requests, as if it had died."""
         if self._closed:
             return
+        self._inference.close()
         self.close_socket()
         if self._dispatcher is not None:
             self._dispatcher.shutdown(wait=False)

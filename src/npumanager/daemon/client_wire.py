@@ -183,6 +183,12 @@ class WireClient:
         """The exception class the daemon named (`ExecutionError` when it names none)."""
         return ERRORS.get(kind or "", ExecutionError)
 
+    @staticmethod
+    def refusal_class(kind: str | None) -> type[Exception]:
+        """The exception class of a refused call the daemon named (`DaemonError` when it
+        names none this client knows)."""
+        return ERRORS.get(kind or "", DaemonError)
+
     def _send(self, message: p.WireModel, fds: list[int] | None = None) -> None:
         frame = p.encode(message)
         with self._send_lock:

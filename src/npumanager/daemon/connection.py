@@ -33,6 +33,7 @@ from npumanager.schemas import (
 from npumanager.schemas.limits import MAX_PENDING_DESCRIPTORS
 
 if TYPE_CHECKING:
+    from npumanager.daemon.lane import Lane
     from npumanager.daemon.segment import SharedSegment
 
 
@@ -91,6 +92,8 @@ class Connection:
         """Inferences in flight the client cancelled: they end CANCELLED_USER."""
         self.held: dict[int, list[np.ndarray]] = {}
         """Outputs too large for their region, by call seq, until fetched."""
+        self.lane: Lane | None = None
+        """The connection's inference lane, once opened."""
 
     @property
     def buffered(self) -> int:
@@ -193,6 +196,9 @@ class Connection:
         self.outbox = bytearray()
         self.manager = None
         self.close_descriptors()
+        if self.lane is not None:
+            self.lane.close()
+            self.lane = None
         self.segment = None  # unmapped once running inferences let go of their arrays
         self.held.clear()
         self.inferences.clear()

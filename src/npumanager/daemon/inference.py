@@ -28,6 +28,7 @@ from npumanager.daemon import protocol as p
 from npumanager.daemon.calls import NO_REPLY, Calls, Handler, NoReply
 from npumanager.daemon.connection import Connection
 from npumanager.daemon.frames import call_error, clip
+from npumanager.daemon.lane import Lane, lane_socket
 from npumanager.daemon.leadership import Leadership
 from npumanager.daemon.segment import SharedSegment, read_model_file
 from npumanager.daemon.stats import DaemonStats
@@ -61,6 +62,7 @@ class InferenceCalls:
         max_in_flight: int = DEFAULT_MAX_INFERENCES_PER_CONNECTION,
         stats: DaemonStats,
     ) -> None:
+        self.service = service
         self.backend = service.backend
         self.calls = calls
         self._post = post
@@ -77,6 +79,7 @@ class InferenceCalls:
             p.Infer: self.on_infer,
             p.CancelInference: self.on_cancel_infer,
             p.FetchResult: self.on_fetch,
+            p.OpenLane: self.on_open_lane,
         }
 
     def on_attach(self, connection: Connection, message: p.Attach) -> None:
@@ -87,6 +90,16 @@ class InferenceCalls:
             connection.segment = SharedSegment(fd, message.size, self.max_shared_bytes)
         finally:
             os.close(fd)
+
+    def on_open_lane(self, connection: Connection, _: p.OpenLane) -> None:
+        fd = connection.take_descriptor("open_lane")
+        if connection.lane is not None:
+            os.close(fd)
+            raise IllegalArgumentError("this connection has a lane already")
+        lane = Lane(lane_socket(fd, connection), connection, self.service, self.calls, self.stats)
+        connection.lane = lane
+        lane.start()
+        self.stats.lanes_opened += 1
 
     def on_load_real(self, connection: Connection, message: p.LoadRealModel) -> NoReply:
         """Check the call here, then read and open the model on the loader thread (that

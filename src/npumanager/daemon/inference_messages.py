@@ -78,6 +78,15 @@ class Infer(Call):
     feature_id: Annotated[str, Field(max_length=256)] | None = None
 
 
+class OpenLane(Call):
+    """Open the connection's inference lane: one end of a SOCK_SEQPACKET socketpair comes
+    with this frame (SCM_RIGHTS); `LoadedModel.run` then goes over it (`daemon.lane`).
+    Once per connection; a daemon without lanes refuses the op, and the client keeps to
+    the connection."""
+
+    op: Literal["open_lane"] = "open_lane"
+
+
 class CancelInference(Call):
     """Cancel the inference of call `call_seq` (sent without `ack`, so its work id may not be
     known yet); it ends as `cancel_work` would end it."""
@@ -149,7 +158,9 @@ def ended_frame(call_seq: int, work_id: int, tensors: list[str]) -> bytes:
     return framed(body)
 
 
-_ANSWERED_WHEN_MALFORMED = frozenset({"attach", "load_real", "infer", "cancel_infer", "fetch"})
+_ANSWERED_WHEN_MALFORMED = frozenset(
+    {"attach", "load_real", "infer", "cancel_infer", "fetch", "open_lane"}
+)
 """Calls whose malformed frames get an error reply instead of closing the connection: their
 tensors and spans are where a client's own mistakes land."""
 

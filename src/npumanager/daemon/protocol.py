@@ -13,7 +13,9 @@ client's memfd (SCM_RIGHTS), `load_real` with a model file's descriptor (or name
 bytes in the segment), and `infer` names its tensors by offset, shape and dtype in the
 segment; the daemon answers each inference's end with `ended` (outputs in the client's
 region). A malformed real-inference call gets an `error` with its seq; any other
-malformed frame closes the connection.
+malformed frame closes the connection. `open_lane` (with a socket's descriptor) gives the
+connection an inference lane for `LoadedModel.run`, binary frames on a socket of its own
+(`lane_frames`); a client that finds it refused keeps to the connection.
 
 No frame carries a uid or a pid: identity is the kernel's (SO_PEERCRED), never a message's.
 """
@@ -30,6 +32,7 @@ from npumanager.daemon.inference_messages import (
     FetchResult,
     Infer,
     LoadRealModel,
+    OpenLane,
     Span,
     Tensor,
     WorkEnded,
@@ -79,6 +82,7 @@ __all__ = [
     "LoadRealModel",
     "NotifyLoaded",
     "NotifyUnloaded",
+    "OpenLane",
     "ProtocolError",
     "Reply",
     "RequestCanLoad",
@@ -233,7 +237,8 @@ ClientMessage = Annotated[
     | LoadRealModel
     | Infer
     | CancelInference
-    | FetchResult,
+    | FetchResult
+    | OpenLane,
     Field(discriminator="op"),
 ]
 

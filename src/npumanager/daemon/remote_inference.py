@@ -4,17 +4,19 @@ the shared segment, each inference a future of its outputs.
 `LoadedModel.run` and `submit` call this through the `DaemonClient`, exactly as they call
 the in-process backend: inputs are written into a region of the segment, a small frame
 names them, and the daemon's `WorkEnded` frame says where the outputs are; they are copied
-out (numpy arrays the caller owns) and the region is given back.
+out (numpy arrays the caller owns) and the region is given back. `run` without a timeout
+goes over the connection's lane when it has one (`client_lane`): the same region, a
+binary frame, and the reply read by the caller itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
+import socket
 import threading
-from collections.abc import Mapping
-from concurrent.futures import Future
+from collections.abc import Mapping, Sequence
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,15 +26,22 @@ import numpy as np
 from npumanager.checks import GroupId, group_bytes
 from npumanager.core.client import LoadedModel, NpuManager
 from npumanager.daemon import protocol as p
-from npumanager.daemon import tensors
-from npumanager.daemon.shared_memory import ClientSegment, sealed_memfd
-from npumanager.errors import IllegalArgumentError, UnknownWorkError
+from npumanager.daemon import remote_models, tensors
+from npumanager.daemon.client_lane import ClientLane
+from npumanager.daemon.lane_frames import (
+    MAX_LANE_FRAME_BYTES,
+    Kind,
+    Reply,
+    Status,
+    TensorRef,
+    encode_request,
+)
+from npumanager.daemon.shared_memory import ClientSegment
+from npumanager.errors import IllegalArgumentError, NpuManagerError, UnknownWorkError
 from npumanager.schemas import EndReason, ModelLoadRequest, NpuUuid
 
 log = logging.getLogger(__name__)
 
-_SMALL_MODEL_BYTES = 1 << 20
-"""Models up to this size travel in the shared segment; larger ones as a memfd."""
 _DEFAULT_OUT_BYTES = 64 << 10
 """The output room an inference gets before its model's outputs have been seen."""
 
@@ -52,6 +61,8 @@ class _Wire(Protocol):
     ) -> dict[str, Any] | None: ...
 
     def error_class(self, kind: str | None) -> type[Exception]: ...
+
+    def refusal_class(self, kind: str | None) -> type[Exception]: ...
 
     def send_only(self, kind: type[p.Call], seq: int, **fields: Any) -> None: ...
 
@@ -105,6 +116,8 @@ class RemoteInference:
         self._flights: dict[int, _Flight] = {}
         self._out_bytes: dict[int, int] = {}
         """The most output bytes each model has needed so far."""
+        self._lane: ClientLane | None = None
+        self._lane_refused = False
 
     def segment(self) -> ClientSegment:
         """The connection's segment, made and attached on first use."""
@@ -118,6 +131,36 @@ class RemoteInference:
                 self._segment = segment
             return self._segment
 
+    def lane(self) -> ClientLane | None:
+        """The connection's lane, taken for one run: opened on first use; None when the
+        daemon refused one, it closed, or another thread has it."""
+        with self._lock:
+            if self._lane is None and not self._lane_refused:
+                self._lane = self._open_lane()
+            lane = self._lane
+        return lane if lane is not None and lane.try_take() else None
+
+    def _open_lane(self) -> ClientLane | None:
+        mine, theirs = socket.socketpair(
+            socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC
+        )
+        try:
+            self._wire.call(p.OpenLane, fds=[theirs.fileno()])
+        except NpuManagerError as exc:
+            log.info("no inference lane (%s); runs take the connection", exc)
+            self._lane_refused = True
+            mine.close()
+            return None
+        finally:
+            theirs.close()
+        return ClientLane(mine)
+
+    def close(self) -> None:
+        """Close the lane (the connection is closing)."""
+        with self._lock:
+            if self._lane is not None:
+                self._lane.close()
+
     # Models -----------------------------------------------------------------------------
 
     def load(
@@ -128,43 +171,10 @@ class RemoteInference:
         path: str | Path | None,
         sram_bytes: int,
     ) -> LoadedModel:
-        """Load a granted request's model in the daemon: a file by its descriptor, bytes in
-        the segment (small) or a memfd."""
-        if (model is None) == (path is None):
-            raise IllegalArgumentError("give exactly one of model= (ONNX bytes) and path=")
-        common = {"request_id": request.id, "sram_bytes": sram_bytes}
-        if path is not None:
-            result = self._load_descriptor(_open_model(path), common)
-        else:
-            data = _model_bytes(model)
-            if len(data) <= _SMALL_MODEL_BYTES:
-                result = self._load_in_segment(data, common)
-            else:
-                result = self._load_descriptor(sealed_memfd("npu-manager-model", data), common)
-        assert result is not None
-        return LoadedModel(
-            manager,
-            request,
-            int(result["model"]),
-            int(result["device"]),
-            weight_bytes=int(result["weight_bytes"]),
+        """Load a granted request's model in the daemon (`remote_models.load`)."""
+        return remote_models.load(
+            self._wire, self.segment, manager, request, model, path, sram_bytes
         )
-
-    def _load_descriptor(self, fd: int, common: dict[str, Any]) -> dict[str, Any] | None:
-        try:
-            return self._wire.call(p.LoadRealModel, fds=[fd], descriptor=True, **common)
-        finally:
-            os.close(fd)
-
-    def _load_in_segment(self, data: bytes, common: dict[str, Any]) -> dict[str, Any] | None:
-        segment = self.segment()
-        offset = segment.allocate(len(data), self._wire.timeout_s)
-        try:
-            segment.memory[offset : offset + len(data)] = data
-            span = p.Span(offset=offset, size=len(data))
-            return self._wire.call(p.LoadRealModel, span=span, **common)
-        finally:
-            segment.release(offset, len(data))
 
     # Inference --------------------------------------------------------------------------
 
@@ -235,13 +245,58 @@ class RemoteInference:
         timeout: float | None,
     ) -> list[np.ndarray]:
         """One inference's outputs; after `timeout` seconds it is cancelled and
-        `TimeoutError` raised."""
+        `TimeoutError` raised. Without a timeout it goes over the lane when it is free."""
+        lane = self.lane() if timeout is None else None
+        if lane is not None:
+            try:
+                outputs = self._run_on_lane(lane, model, inputs, job_priority)
+            finally:
+                lane.give_back()
+            if outputs is not None:
+                return outputs
         future = self.submit(model, inputs, job_priority, None, None, None, ack=False)
         try:
             return future.result(timeout)
         except TimeoutError:
             future.cancel()
             raise TimeoutError(f"work {future.work_id} did not end within {timeout} s") from None
+
+    def _run_on_lane(
+        self, lane: ClientLane, model: LoadedModel, inputs: Mapping[str, Any], job_priority: int
+    ) -> list[np.ndarray] | None:
+        """The run over the lane; None if its frame would be over the lane's limit."""
+        arrays = _arrays(inputs)
+        offsets, in_size = tensors.layout([array for _, _, array in arrays])
+        room = max(in_size, self._out_bytes.get(model.handle, _DEFAULT_OUT_BYTES))
+        segment = self.segment()
+        base = lane.region(segment, room, self._wire.timeout_s)
+        refs = []
+        for (name, dtype, array), offset in zip(arrays, offsets, strict=True):
+            at = base + offset
+            np.copyto(tensors.view(segment.memory, dtype, array.shape, at), array)
+            refs.append(TensorRef(name, dtype, array.shape, at, array.nbytes))
+        request = encode_request(Kind.INFER, model.handle, job_priority, (base, room), refs)
+        if len(request) > MAX_LANE_FRAME_BYTES:
+            return None
+        reply = lane.exchange(request)
+        if reply.status == Status.HELD:
+            need = reply.held_bytes
+            self._out_bytes[model.handle] = max(self._out_bytes.get(model.handle, 0), need)
+            base = lane.region(segment, need, self._wire.timeout_s)
+            reply = lane.exchange(encode_request(Kind.FETCH, 0, 0, (base, need)))
+        return self._lane_outputs(reply, model.handle, segment)
+
+    def _lane_outputs(self, reply: Reply, model: int, segment: ClientSegment) -> list[np.ndarray]:
+        """A lane reply's outputs copied out, or its error raised with its class."""
+        if reply.status == Status.COMPLETED:
+            outputs = _copy_out(segment, reply.outputs)
+            self._learn(model, reply.outputs)
+            return outputs
+        if reply.status == Status.CANCELLED:
+            raise CancelledError(f"work {reply.work_id} was cancelled")
+        if reply.status == Status.REFUSED:
+            raise self._wire.refusal_class(reply.kind)(reply.message)
+        raise self._wire.error_class(reply.kind)(reply.message or "the inference failed")
 
     def cancel(self, model: int, work_id: int) -> None:
         """Cancel one of this client's inferences in the daemon."""
@@ -302,7 +357,7 @@ class RemoteInference:
         finally:
             segment.release(offset, need)
 
-    def _learn(self, model: int, refs: list[p.Tensor]) -> None:
+    def _learn(self, model: int, refs: Sequence[p.Tensor | TensorRef]) -> None:
         if refs:
             end = max(ref.offset + ref.nbytes for ref in refs) - min(ref.offset for ref in refs)
             if end > self._out_bytes.get(model, 0):
@@ -327,29 +382,6 @@ class RemoteInference:
                 flight.future.set_exception(error)
 
 
-def _open_model(path: str | Path) -> int:
-    try:
-        return os.open(os.fspath(path), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise IllegalArgumentError(
-            f"cannot open the model file {path}: {exc.strerror or exc}"
-        ) from None
-
-
-def _model_bytes(model: Any) -> bytes:
-    if isinstance(model, bytes | bytearray | memoryview):
-        return bytes(model)
-    serialize = getattr(model, "SerializeToString", None)
-    if callable(serialize):
-        data = serialize()
-        if isinstance(data, bytes):
-            return data
-    raise IllegalArgumentError(
-        f"through the daemon a model is ONNX bytes, an onnx.ModelProto or path=; "
-        f"got {type(model).__name__}"
-    )
-
-
 def _arrays(inputs: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]:
     """Each input's name, wire dtype and C-contiguous array."""
     if not isinstance(inputs, Mapping):
@@ -363,7 +395,7 @@ def _arrays(inputs: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]:
     return arrays
 
 
-def _copy_out(segment: ClientSegment, refs: list[p.Tensor]) -> list[np.ndarray]:
+def _copy_out(segment: ClientSegment, refs: Sequence[p.Tensor | TensorRef]) -> list[np.ndarray]:
     outputs = []
     for ref in refs:
         tensors.check_tensor(ref.name, ref.dtype, ref.shape, ref.offset, ref.nbytes, segment.size)

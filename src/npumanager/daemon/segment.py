@@ -14,7 +14,7 @@ import mmap
 import os
 import stat
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -49,6 +49,21 @@ class Placed(NamedTuple):
         return p.tensor_json(*self)
 
 
+class TensorFields(Protocol):
+    """What names a tensor in the segment: a `Tensor` frame's or a lane's."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> Sequence[int]: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+
+
 class SharedSegment:
     """A client's memfd mapped read-write; arrays are made over it only after checks."""
 
@@ -80,7 +95,7 @@ class SharedSegment:
             raise IllegalArgumentError(f"the shared segment cannot be mapped: {exc}") from None
         self.size = size
 
-    def inputs(self, refs: Sequence[p.Tensor]) -> dict[str, np.ndarray]:
+    def inputs(self, refs: Sequence[TensorFields]) -> dict[str, np.ndarray]:
         """Arrays over the segment for an inference's inputs, each checked first."""
         feeds: dict[str, np.ndarray] = {}
         for ref in refs:
@@ -97,14 +112,18 @@ class SharedSegment:
     def write(self, outputs: Sequence[np.ndarray], span: p.Span) -> list[Placed] | int:
         """Write outputs one after the other into the span: where each went, or the bytes
         they need when the span is too small (nothing written)."""
+        return self.write_at(outputs, span.offset, span.size)
+
+    def write_at(self, outputs: Sequence[np.ndarray], start: int, room: int) -> list[Placed] | int:
+        """`write` into the `room` bytes from `start` (checked to lie in the segment)."""
         arrays = [np.ascontiguousarray(out) for out in outputs]
         names = [tensors.dtype_name(array) for array in arrays]
         offsets, size = tensors.layout(arrays)
-        if size > span.size:
+        if size > room:
             return size
         placed = []
         for index, (array, dtype, offset) in enumerate(zip(arrays, names, offsets, strict=True)):
-            at = span.offset + offset
+            at = start + offset
             np.copyto(tensors.view(self.memory, dtype, array.shape, at), array)
             placed.append(Placed(str(index), dtype, array.shape, at, array.nbytes))
         return placed

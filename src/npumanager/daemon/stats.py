@@ -25,8 +25,13 @@ class DaemonStats:
         self.deaths = 0
         self.accept_pauses = 0
         self.inferences_inline = 0
-        """Inferences run by the loop's thread, the standby leading meanwhile."""
+        """Inferences run by the thread that received them: the loop's (the standby leading
+        meanwhile) or a lane's."""
         self.inferences_to_workers = 0
+        """Inferences handed to the driver's worker threads."""
+        self.inferences_on_lane = 0
+        """Inferences asked for on a connection's lane (`daemon.lane`), wherever they ran."""
+        self.lanes_opened = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Every counter, and the uptime in seconds."""

@@ -1,0 +1,229 @@
+"""Inference lanes: `LoadedModel.run` on a socket and a daemon thread of its connection's own.
+
+On the connection's own path an inference wakes the loop, waits its turn among every
+client's frames, and its end goes back through the client's reader thread to the caller.
+On a lane the caller sends one binary frame (`lane_frames`) and blocks in `recv`; the
+lane's thread, blocked in `recv` too, checks the frame against the connection's segment,
+runs the inference (on itself when a channel is free and the app is not in the
+background, else on the driver's workers, as any inference) and writes the outputs and
+the reply itself. Nothing of the loop's runs on the way.
+
+The client makes the lane, a SOCK_SEQPACKET socketpair, and sends one end with
+`open_lane` (SCM_RIGHTS). A lane acts for its connection only (its models, its segment,
+its uid's priority), one inference at a time, and closes with it. A frame that is not
+well formed, or names memory outside the segment, gets a `REFUSED` reply and the lane
+goes on, after a pause (`REFUSAL_PAUSE_S`) that bounds what a flood of them costs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import weakref
+from concurrent.futures import CancelledError
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from npumanager.core.service import Service
+from npumanager.daemon.frames import call_error
+from npumanager.daemon.lane_frames import (
+    MAX_LANE_FRAME_BYTES,
+    Kind,
+    Request,
+    Status,
+    TensorRef,
+    decode_request,
+    encode_reply,
+)
+from npumanager.daemon.peer import peer_credentials
+from npumanager.daemon.stats import DaemonStats
+from npumanager.daemon.tensors import check_span
+from npumanager.errors import IllegalArgumentError, UnknownWorkError
+
+if TYPE_CHECKING:
+    from npumanager.daemon.calls import Calls
+    from npumanager.daemon.connection import Connection
+    from npumanager.daemon.segment import SharedSegment
+
+log = logging.getLogger(__name__)
+
+REFUSAL_PAUSE_S = 0.001
+"""How long a lane rests after a refusal: a client sending malformed frames as fast as it
+can costs the daemon a thousand checks a second, not all of its time."""
+_TRUNCATED = int(socket.MSG_TRUNC)
+"""recvmsg's flag for a frame longer than the buffer (an int: flag enums are slow)."""
+
+
+def lane_socket(fd: int, connection: Connection) -> socket.socket:
+    """The lane end a client sent: a connected AF_UNIX SOCK_SEQPACKET socket made by the
+    same uid (`IllegalArgumentError` otherwise; the descriptor is then closed)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        os.close(fd)
+        raise IllegalArgumentError(
+            "open_lane needs a socket: one end of socketpair(AF_UNIX, SOCK_SEQPACKET)"
+        ) from None
+    try:
+        if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_SEQPACKET:
+            raise IllegalArgumentError(
+                f"open_lane needs an AF_UNIX SOCK_SEQPACKET socket; this one is "
+                f"{sock.family.name} {sock.type.name}"
+            )
+        try:
+            maker = peer_credentials(sock)
+        except OSError:
+            raise IllegalArgumentError(
+                "open_lane needs a connected socket (a socketpair)"
+            ) from None
+        if maker.uid != connection.peer.uid:
+            raise IllegalArgumentError(
+                f"the lane's other end belongs to uid {maker.uid}, not to this client's "
+                f"uid {connection.peer.uid}"
+            )
+        sock.setblocking(True)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class Lane:
+    """One connection's lane: its socket and the thread that serves it."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        connection: Connection,
+        service: Service,
+        calls: Calls,
+        stats: DaemonStats,
+    ) -> None:
+        self._sock = sock
+        self._connection = weakref.ref(connection)
+        self._uid = connection.peer.uid
+        self._backend = service.backend
+        self._calls = calls
+        self._stats = stats
+        self._held: list[np.ndarray] | None = None
+        """Outputs of the last inference that did not fit their region, for one fetch."""
+        self._thread = threading.Thread(
+            target=self._serve, name=f"npu-lane-{connection.peer.uid}", daemon=True
+        )
+
+    def start(self) -> None:
+        """Serve the lane on its own thread until it or its connection closes."""
+        self._thread.start()
+
+    def close(self) -> None:
+        """Wake the lane's thread for it to finish (it closes the socket itself)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def join(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the lane's thread to end."""
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def _serve(self) -> None:
+        buffer = bytearray(MAX_LANE_FRAME_BYTES)
+        view = memoryview(buffer)
+        try:
+            while True:
+                try:
+                    size, _, flags, _ = self._sock.recvmsg_into([buffer])
+                except OSError:
+                    return
+                if size == 0 and not flags & _TRUNCATED:
+                    return  # the client closed its end
+                try:
+                    reply = self._answer(view[:size], flags)
+                except Exception:
+                    self._stats.internal_errors += 1
+                    log.exception("a lane request raised")
+                    reply = encode_reply(
+                        Status.REFUSED, kind="DaemonError", message="an internal error (logged)"
+                    )
+                try:
+                    self._sock.sendall(reply)
+                except OSError:
+                    return
+                if reply[0] == Status.REFUSED:
+                    time.sleep(REFUSAL_PAUSE_S)
+        finally:
+            self._held = None
+            self._sock.close()
+
+    def _answer(self, frame: memoryview, flags: int) -> bytes:
+        """The reply to one request frame."""
+        try:
+            if flags & _TRUNCATED:
+                raise IllegalArgumentError(
+                    f"a lane frame is at most {MAX_LANE_FRAME_BYTES} bytes; this one was longer"
+                )
+            request = decode_request(frame)
+            connection = self._connection()
+            if connection is None or connection.closed or connection.segment is None:
+                raise IllegalArgumentError("the lane's connection has no shared segment")
+            segment = connection.segment
+            check_span(request.out_offset, request.out_size, segment.size, "the output region")
+            if request.kind == Kind.FETCH:
+                return self._fetch(segment, request)
+            feeds = segment.inputs(request.inputs)
+            model = self._calls.model(connection, request.model)
+            work = self._backend.submit_inference(
+                model,
+                feeds,
+                request.job_priority,
+                None,
+                None,
+                None,
+                inline=True,
+                inline_background=False,
+            )
+        except Exception as exc:
+            error = call_error(0, exc, self._stats, "a lane request", self._uid)
+            return encode_reply(Status.REFUSED, kind=error.kind, message=error.message)
+        stats = self._stats
+        stats.inferences_on_lane += 1
+        if work.inline is not None:
+            stats.inferences_inline += 1
+        else:
+            stats.inferences_to_workers += 1
+        del feeds, connection
+        self._held = None
+        self._backend.run_admitted(work)
+        try:
+            outputs = work.result()
+        except CancelledError:
+            return encode_reply(Status.CANCELLED, work.work_id)
+        except Exception as exc:
+            return encode_reply(
+                Status.FAILED, work.work_id, kind=type(exc).__name__, message=str(exc)
+            )
+        return self._placed(segment, request, outputs, work.work_id)
+
+    def _placed(
+        self, segment: SharedSegment, request: Request, outputs: list[Any], work_id: int
+    ) -> bytes:
+        """Write the outputs into the request's region: the reply, or HELD if they do not
+        fit (kept for one `FETCH`)."""
+        try:
+            placed = segment.write_at(outputs, request.out_offset, request.out_size)
+        except IllegalArgumentError as exc:
+            return encode_reply(Status.FAILED, work_id, kind=type(exc).__name__, message=str(exc))
+        if isinstance(placed, int):
+            self._held = outputs
+            return encode_reply(Status.HELD, work_id, held_bytes=placed)
+        return encode_reply(Status.COMPLETED, work_id, outputs=[TensorRef(*out) for out in placed])
+
+    def _fetch(self, segment: SharedSegment, request: Request) -> bytes:
+        held, self._held = self._held, None
+        if held is None:
+            raise UnknownWorkError("no outputs are held on this lane")
+        return self._placed(segment, request, held, 0)

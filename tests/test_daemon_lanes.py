@@ -1,0 +1,421 @@
+"""Inference lanes: `LoadedModel.run` on a socket and a daemon thread of the connection's own.
+
+Apps are child processes with their own uids (tests/daemon_child.py); the test process, as
+root, is also a raw client that opens a lane by hand and sends frames a real app never
+would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import npumanager as npu
+import test_daemon_inference as inference
+from daemon_support import FOREGROUND_UID, DaemonProcess
+from npumanager.daemon import protocol as p
+from npumanager.daemon.lane import REFUSAL_PAUSE_S
+from npumanager.daemon.lane_frames import (
+    MAX_LANE_FRAME_BYTES,
+    Kind,
+    Reply,
+    Status,
+    TensorRef,
+    decode_reply,
+    encode_request,
+)
+from npumanager.vendor_drivers.realexec.chain import chain_model
+from test_daemon_inference import (
+    LONG_ROWS,
+    RawApp,
+    apps_in_front,
+    in_process_digest,
+    info,
+    segments_mapped,
+    wait_for,
+)
+
+socket_dir, model_file, start = inference.socket_dir, inference.model_file, inference.start
+"""The daemon inference tests' fixtures."""
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="giving client processes their own uids needs root"
+)
+
+
+def counters(daemon: DaemonProcess) -> dict[str, int]:
+    document = info(daemon)["daemon"]
+    keys = ("inferences_on_lane", "inferences_inline", "inferences_to_workers", "lanes_opened")
+    return {key: document[key] for key in keys}
+
+
+def test_a_run_goes_over_the_lane_on_its_thread_or_the_workers_by_the_apps_band(
+    start: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon, foreground, background = apps_in_front(start, model_file)
+    before = counters(daemon)
+    for _ in range(3):
+        assert foreground.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+    after = counters(daemon)
+    assert after["lanes_opened"] == before["lanes_opened"] + 1
+    assert after["inferences_on_lane"] == before["inferences_on_lane"] + 3
+    assert after["inferences_inline"] == before["inferences_inline"] + 3, "on the lane's thread"
+    for _ in range(3):
+        assert background.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+    cached = counters(daemon)
+    assert cached["inferences_on_lane"] == after["inferences_on_lane"] + 3
+    assert cached["inferences_to_workers"] == after["inferences_to_workers"] + 3, "workers"
+    assert cached["inferences_inline"] == after["inferences_inline"]
+    timed = foreground.ok("real_run", id=1, rows=4, value=0.5, run_timeout=30)
+    assert timed == in_process_digest(4, 0.5)
+    assert counters(daemon)["inferences_on_lane"] == cached["inferences_on_lane"], "a timeout"
+
+
+class RawLane:
+    """A lane the test process opened by hand on a raw client's connection."""
+
+    def __init__(self, raw: RawApp) -> None:
+        self.raw = raw
+        self.segment = raw.client._inference.segment()
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        raw.client.call(p.OpenLane, fds=[theirs.fileno()])
+        theirs.close()
+        self.sock.settimeout(30)
+
+    def send(self, frame: bytes) -> Reply:
+        self.sock.sendall(frame)
+        return decode_reply(self.sock.recv(MAX_LANE_FRAME_BYTES))
+
+    def infer(
+        self, model: int, refs: list[TensorRef], out: tuple[int, int] = (1 << 19, 4096)
+    ) -> Reply:
+        return self.send(encode_request(Kind.INFER, model, 0, out, refs))
+
+
+def x_ref(offset: int = 0, rows: int = 4, nbytes: int | None = None) -> TensorRef:
+    return TensorRef("x", "float32", (rows, 256), offset, rows * 1024 if nbytes is None else nbytes)
+
+
+@pytest.fixture
+def raw_lane(
+    start: Callable[..., DaemonProcess], model_file: Path
+) -> tuple[DaemonProcess, RawApp, RawLane, npu.LoadedModel]:
+    daemon = start()
+    raw = RawApp(daemon)
+    model = raw.granted_model(model_file)
+    lane = RawLane(raw)
+    daemon.children.append(raw)  # type: ignore[attr-defined]
+    return daemon, raw, lane, model
+
+
+def infer_frame(*refs: TensorRef, out: tuple[int, int] = (8192, 4096)) -> Callable[[int], bytes]:
+    return lambda model: encode_request(Kind.INFER, model, 0, out, list(refs))
+
+
+@pytest.mark.parametrize(
+    ("frame", "kind", "error"),
+    [
+        (lambda _: b"\x01\x00\x01", "IllegalArgumentError", "at least 28 bytes; this one is 3"),
+        (lambda _: b"\x07" + bytes(27), "IllegalArgumentError", "kinds are 1 (infer) and 2"),
+        (infer_frame(x_ref(offset=(1 << 20) - 64)), "IllegalArgumentError", "outside the shared"),
+        (
+            infer_frame(x_ref(nbytes=64)),
+            "IllegalArgumentError",
+            "says 64 bytes, but float32[4, 256]",
+        ),
+        (infer_frame(x_ref(rows=1 << 20)), "IllegalArgumentError", "outside the shared segment"),
+        (infer_frame(x_ref(), out=((1 << 20) - 10, 4096)), "IllegalArgumentError", "output region"),
+        (infer_frame(x_ref(), x_ref()), "IllegalArgumentError", "given twice"),
+        (lambda _: infer_frame(x_ref())(999), "UnknownModelError", "model 999 is not loaded"),
+        (
+            lambda _: encode_request(Kind.FETCH, 0, 0, (8192, 4096)),
+            "UnknownWorkError",
+            "no outputs are held",
+        ),
+        (lambda _: bytes(MAX_LANE_FRAME_BYTES + 1), "IllegalArgumentError", "at most 65536 bytes"),
+    ],
+    ids=[
+        "short",
+        "kind",
+        "offset",
+        "lying-bytes",
+        "lying-shape",
+        "out-region",
+        "twice",
+        "model",
+        "fetch",
+        "too-long",
+    ],
+)
+def test_lane_frames_malformed_out_of_bounds_or_lying_are_refused_and_the_lane_goes_on(
+    raw_lane: tuple[DaemonProcess, RawApp, RawLane, npu.LoadedModel],
+    frame: Callable[[int], bytes],
+    kind: str,
+    error: str,
+) -> None:
+    daemon, _, lane, model = raw_lane
+    reply = lane.send(frame(model.handle))
+    assert (reply.status, reply.kind) == (Status.REFUSED, kind), reply
+    assert error in reply.message, reply.message
+    np.frombuffer(lane.segment.memory, np.float32, 1024, 0)[:] = 0.5
+    good = lane.infer(model.handle, [x_ref()])
+    assert good.status == Status.COMPLETED, good
+    [out] = good.outputs
+    assert out.offset >= 1 << 19 and out.shape == (4, 256)
+    expected = npu_in_process_run(np.full((4, 256), 0.5, np.float32))
+    got = np.frombuffer(lane.segment.memory, np.float32, 1024, out.offset).reshape(4, 256)
+    assert np.array_equal(got, expected)
+    assert info(daemon)["devices"][0]["models_loaded"] == 1, "the connection is still served"
+
+
+def test_open_lane_takes_one_seqpacket_socket_of_the_clients_own_uid_once(
+    start: Callable[..., DaemonProcess],
+) -> None:
+    daemon = start()
+    raw = RawApp(daemon)
+    try:
+        call = raw.client.call
+        with pytest.raises(npu.IllegalArgumentError, match="needs a descriptor"):
+            call(p.OpenLane)
+        pipe_r, pipe_w = os.pipe()
+        with pytest.raises(npu.IllegalArgumentError, match="needs a socket"):
+            call(p.OpenLane, fds=[pipe_r])
+        os.close(pipe_r)
+        os.close(pipe_w)
+        stream, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with pytest.raises(npu.IllegalArgumentError, match="AF_UNIX SOCK_SEQPACKET socket"):
+            call(p.OpenLane, fds=[stream.fileno()])
+        stream.close()
+        other.close()
+        foreign = foreign_lane_end(FOREGROUND_UID)
+        with pytest.raises(npu.IllegalArgumentError, match="belongs to uid 20001"):
+            call(p.OpenLane, fds=[foreign.fileno()])
+        foreign.close()
+        lane, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        call(p.OpenLane, fds=[theirs.fileno()])
+        second, theirs_too = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with pytest.raises(npu.IllegalArgumentError, match="has a lane already"):
+            call(p.OpenLane, fds=[theirs_too.fileno()])
+        for sock in (lane, theirs, second, theirs_too):
+            sock.close()
+        assert counters(daemon)["lanes_opened"] == 1
+    finally:
+        raw.close()
+
+
+FOREIGN = """
+import array, socket, sys
+parent = socket.socket(fileno=int(sys.argv[1]))
+mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+fds = array.array("i", [theirs.fileno()]).tobytes()
+parent.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+parent.recv(1)
+"""
+
+
+def foreign_lane_end(uid: int) -> socket.socket:
+    """One end of a SOCK_SEQPACKET socketpair that a process of `uid` made."""
+    here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    child = subprocess.Popen(
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            FOREIGN,
+            str(there.fileno()),
+        ],
+        pass_fds=[there.fileno()],
+    )
+    there.close()
+    _, fds, _, _ = socket.recv_fds(here, 1, 1)
+    here.send(b"x")
+    child.wait(10)
+    here.close()
+    return socket.socket(fileno=fds[0])
+
+
+def test_a_client_killed_during_a_run_on_its_lane_frees_everything_and_others_carry_on(
+    start: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon, victim, other = apps_in_front(start, model_file)
+    used_by_one = info(daemon)["devices"][0]["weight_memory_used_bytes"] // 2
+    threads = len(os.listdir(f"/proc/{daemon.process.pid}/task"))
+    assert victim.process.stdin is not None
+    victim.process.stdin.write(json.dumps({"op": "real_run", "id": 1, "rows": LONG_ROWS}) + "\n")
+    victim.process.stdin.flush()
+    wait_for(lambda: any(d["running"] for d in info(daemon)["devices"]))
+    assert counters(daemon)["inferences_on_lane"] == 1, "it runs on the lane"
+    victim.kill9()
+
+    def freed() -> bool:
+        device = info(daemon)["devices"][0]
+        return (
+            device["models_loaded"] == 1
+            and device["weight_memory_used_bytes"] == used_by_one
+            and device["running"] == 0
+        )
+
+    wait_for(freed)
+    wait_for(lambda: segments_mapped(daemon) == 0)
+    wait_for(lambda: len(os.listdir(f"/proc/{daemon.process.pid}/task")) == threads)
+    assert other.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+
+
+def test_two_callers_at_once_a_taken_lane_or_a_connection_with_one_already_still_run(
+    start: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon = start()
+    raw = RawApp(daemon)
+    x = np.full((4, 256), 0.25, np.float32)
+    expected = npu_in_process_run(x)
+    try:
+        model = raw.granted_model(model_file)
+        results: list[Any] = []
+
+        def runs() -> None:
+            results.extend(model.run({"x": x})[0] for _ in range(20))
+
+        callers = [threading.Thread(target=runs) for _ in range(2)]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(60)
+        assert len(results) == 40 and all(np.array_equal(r, expected) for r in results)
+        lane = raw.client._inference.lane()  # taken here: a run meanwhile takes the connection
+        assert lane is not None
+        before = counters(daemon)["inferences_on_lane"]
+        assert np.array_equal(model.run({"x": x})[0], expected)
+        assert counters(daemon)["inferences_on_lane"] == before
+        lane.give_back()
+        assert np.array_equal(model.run({"x": x})[0], expected)
+        assert counters(daemon)["inferences_on_lane"] == before + 1
+    finally:
+        raw.close()
+    taken = RawApp(daemon)
+    try:
+        model = taken.granted_model(model_file)
+        RawLane(taken)  # this connection has a lane: the client's own is refused
+        before = counters(daemon)["inferences_on_lane"]
+        assert np.array_equal(model.run({"x": x})[0], expected)
+        assert counters(daemon)["inferences_on_lane"] == before
+    finally:
+        taken.close()
+
+
+def npu_in_process_run(x: np.ndarray) -> np.ndarray:
+    """The chain model's output for `x`, run in process."""
+    service = npu.Service("onnxruntime")
+    try:
+        manager = service.manager(FOREGROUND_UID, uses_feature=True)
+        request = npu.ModelLoadRequest.Builder(1).set_size(0).build()
+        with manager.reserve(request, timeout_s=10) as lease:
+            output: np.ndarray = lease.load_model(model=chain_model()).run({"x": x})[0]
+            return output
+    finally:
+        service.close()
+
+
+def doubling_model() -> bytes:
+    """`y = concat(x, x)` on `x: float32[rows, 256]`: twice the input's bytes out."""
+    node = helper.make_node("Concat", ["x", "x"], ["y"], axis=0)
+    graph = helper.make_graph(
+        [node],
+        "double",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["twice", 256])],
+    )
+    return onnx_bytes(graph)
+
+
+def onnx_bytes(graph: Any) -> bytes:
+    """A graph as the bytes of an opset-17 model."""
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data: bytes = model.SerializeToString()
+    return data
+
+
+def test_outputs_larger_than_the_room_given_are_fetched_and_the_room_learnt(
+    start: Callable[..., DaemonProcess],
+) -> None:
+    daemon = start()
+    raw = RawApp(daemon)
+    try:
+        model = raw.granted_model(model=doubling_model())
+        x = np.arange(48 * 256, dtype=np.float32).reshape(48, 256)  # 48 KiB in, 96 KiB out
+        for _ in range(2):
+            [y] = model.run({"x": x})
+            assert np.array_equal(y, np.concatenate([x, x]))
+        assert counters(daemon)["inferences_on_lane"] == 2
+        assert raw.client._inference._out_bytes[model.handle] >= 96 << 10
+    finally:
+        raw.close()
+
+
+def test_a_lane_closes_with_its_connection_even_while_the_client_keeps_its_end(
+    raw_lane: tuple[DaemonProcess, RawApp, RawLane, npu.LoadedModel],
+) -> None:
+    daemon, raw, lane, model = raw_lane
+    assert lane.infer(model.handle, [x_ref()]).status == Status.COMPLETED
+    raw.client.close()  # the connection only: the test still holds its end of the lane
+    assert lane.sock.recv(MAX_LANE_FRAME_BYTES) == b"", "the daemon shut the lane"
+    wait_for(lambda: info(daemon)["devices"][0]["models_loaded"] == 0)
+
+
+def summing_inputs_model(count: int, name_length: int) -> tuple[bytes, list[str]]:
+    """`y = x0 + x1 + ...` over `count` float32[1] inputs with long names."""
+    names = [f"{index:0{name_length}d}" for index in range(count)]
+    graph = helper.make_graph(
+        [helper.make_node("Sum", names, ["y"])],
+        "many_inputs",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]) for name in names],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    return onnx_bytes(graph), names
+
+
+def test_a_run_whose_frame_is_over_the_lanes_limit_takes_the_connection(
+    start: Callable[..., DaemonProcess],
+) -> None:
+    daemon = start()
+    raw = RawApp(daemon)
+    try:
+        data, names = summing_inputs_model(300, 250)  # about 80 KiB of tensor descriptions
+        model = raw.granted_model(model=data)
+        feeds = {name: np.array([1.0], np.float32) for name in names}
+        assert model.run(feeds)[0].tolist() == [300.0]
+        assert counters(daemon)["inferences_on_lane"] == 0
+        small, few = summing_inputs_model(3, 4)
+        three = raw.granted_model(model=small, request_id=2)
+        assert three.run({n: np.array([2.0], np.float32) for n in few})[0].tolist() == [6.0]
+        assert counters(daemon)["inferences_on_lane"] == 1
+    finally:
+        raw.close()
+
+
+def test_a_flood_of_malformed_lane_frames_gets_one_answer_per_pause_at_most(
+    raw_lane: tuple[DaemonProcess, RawApp, RawLane, npu.LoadedModel],
+) -> None:
+    _, _, lane, model = raw_lane
+    answered, ends = 0, time.monotonic() + 0.5
+    while time.monotonic() < ends:
+        assert lane.send(b"\x01").status == Status.REFUSED
+        answered += 1
+    # Slowness only lowers the count; without the pause a lane answers thousands here.
+    assert answered <= 0.5 / REFUSAL_PAUSE_S + 1
+    assert lane.infer(model.handle, [x_ref()]).status == Status.COMPLETED
