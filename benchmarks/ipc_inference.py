@@ -9,9 +9,12 @@
   `npumanager.connect()`, the same call. Rounds alternate the two; the overhead of a
   round is its p50 (p99) less the in-process round's p50 (p99) beside it, and the
   figure is the median over rounds. Targets: p50 <= 100 us, p99 <= 300 us at 1 MiB.
-* floor: the same, for a bare round trip with no framework (benchmarks/ipc_floor.py: a
-  memfd, a socketpair and a process blocked in recv running the same session), in the
-  same rounds: what moving the input between processes costs on this machine at all.
+* in place: the same through the daemon with the input in a `shared_array` (the app
+  wrote it into the segment: no copy); `in_place_overhead_*`.
+* floor: a bare round trip with no framework (benchmarks/ipc_floor.py: a memfd, a
+  socketpair and a process blocked in recv running the same model's session) less the
+  same session run here, in the same rounds: what moving the input to another process
+  and back costs on this machine before any of npu-manager runs.
 * two processes: examples/two_processes/run.py (a foreground app with a 16.7 ms frame
   beside a background flood, through the daemon and direct). Target: the foreground's
   managed p99 within 1.5x its solo p99.
@@ -30,13 +33,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _report import Progress, Target, print_report
 from ipc_floor import BareRoundTrip
+from ipc_floor import session as floor_session
 from onnx import TensorProto, helper
 
 import npumanager as npu
@@ -75,10 +79,6 @@ def _loaded(manager: npu.NpuManager) -> npu.LoadedModel:
     return lease.load_model(model=summing_model())
 
 
-def _round(model: npu.LoadedModel, feeds: dict[str, np.ndarray], samples: int) -> list[float]:
-    return _timed(lambda: model.run(feeds), samples)
-
-
 def _timed(call: Callable[[], object], samples: int) -> list[float]:
     """Microseconds each of `samples` calls took."""
     times = []
@@ -100,13 +100,18 @@ def _serve(path: Path) -> subprocess.Popen[bytes]:
     return daemon
 
 
+KINDS = ("in_process", "daemon", "in_place", "crossed", "bare")
+"""What each round times: `LoadedModel.run` in process and through the daemon (a plain
+input, copied into the segment), through the daemon with a `shared_array` input (read in
+place), the floor's bare round trip and the bare session here."""
+
+
 def overhead(samples: int, rounds: int) -> dict[str, Any]:
     """Per-size medians over rounds of the daemon's p50/p99 less the in-process ones."""
-    rows: dict[str, list[tuple[float, float, float, float, float, float]]] = {
-        size: [] for size in SIZES
-    }
+    rows: dict[str, list[dict[str, tuple[float, float]]]] = {size: [] for size in SIZES}
     service = npu.Service("onnxruntime")
     floor = BareRoundTrip(summing_model())
+    session = floor_session(summing_model())
     with tempfile.TemporaryDirectory() as tmp:
         daemon = _serve(Path(tmp) / "npu.sock")
         try:
@@ -119,21 +124,24 @@ def overhead(samples: int, rounds: int) -> dict[str, Any]:
             remote = _loaded(remote_manager)
             for _ in range(rounds):
                 for size, nbytes in SIZES.items():
-                    feeds = {"x": np.ones((nbytes // (4 * WIDTH), WIDTH), dtype=np.float32)}
-                    assert np.array_equal(local.run(feeds)[0], remote.run(feeds)[0])
-                    assert np.array_equal(local.run(feeds)[0], floor.run(feeds["x"]))
-                    here = _round(local, feeds, samples)
-                    there = _round(remote, feeds, samples)
-                    bare = _timed(lambda x=feeds["x"]: floor.run(x), samples)
+                    x = np.ones((nbytes // (4 * WIDTH), WIDTH), dtype=np.float32)
+                    shared = remote_manager.shared_array(x.shape)
+                    shared[:] = x
+                    calls = {
+                        "in_process": lambda x=x: local.run({"x": x}),
+                        "daemon": lambda x=x: remote.run({"x": x}),
+                        "in_place": lambda s=shared: remote.run({"x": s}),
+                        "crossed": lambda x=x: [floor.run(x)],
+                        "bare": lambda x=x: session.run(None, {"x": x}),
+                    }
+                    first = [call()[0] for call in calls.values()]
+                    assert all(np.array_equal(first[0], other) for other in first[1:])
                     rows[size].append(
-                        (
-                            _percentile(here, 0.5),
-                            _percentile(here, 0.99),
-                            _percentile(there, 0.5),
-                            _percentile(there, 0.99),
-                            _percentile(bare, 0.5),
-                            _percentile(bare, 0.99),
-                        )
+                        {
+                            kind: (_percentile(times, 0.5), _percentile(times, 0.99))
+                            for kind, call in calls.items()
+                            for times in [_timed(call, samples)]
+                        }
                     )
             remote_manager.close()
         finally:
@@ -143,17 +151,25 @@ def overhead(samples: int, rounds: int) -> dict[str, Any]:
             floor.close()
     result: dict[str, Any] = {}
     for size, figures in rows.items():
-        result[f"in_process_{size}_p50_us"] = round(statistics.median(f[0] for f in figures), 1)
-        result[f"daemon_{size}_p50_us"] = round(statistics.median(f[2] for f in figures), 1)
-        result[f"infer_overhead_{size}_p50_us"] = round(
-            statistics.median(f[2] - f[0] for f in figures), 1
-        )
-        result[f"infer_overhead_{size}_p99_us"] = round(
-            statistics.median(f[3] - f[1] for f in figures), 1
-        )
-        result[f"floor_{size}_p50_us"] = round(statistics.median(f[4] - f[0] for f in figures), 1)
-        result[f"floor_{size}_p99_us"] = round(statistics.median(f[5] - f[1] for f in figures), 1)
+        result[f"in_process_{size}_p50_us"] = _median(figures, "in_process", None, 0)
+        result[f"daemon_{size}_p50_us"] = _median(figures, "daemon", None, 0)
+        for name, kind, base in (
+            ("infer_overhead", "daemon", "in_process"),
+            ("in_place_overhead", "in_place", "in_process"),
+            ("floor", "crossed", "bare"),
+        ):
+            result[f"{name}_{size}_p50_us"] = _median(figures, kind, base, 0)
+            result[f"{name}_{size}_p99_us"] = _median(figures, kind, base, 1)
     return result
+
+
+def _median(
+    figures: list[dict[str, tuple[float, float]]], kind: str, base: str | None, at: int
+) -> float:
+    """The median over rounds of a kind's p50 (`at` 0) or p99 (1), less `base`'s."""
+    return round(
+        statistics.median(f[kind][at] - (f[base][at] if base else 0.0) for f in figures), 1
+    )
 
 
 def two_processes(seconds: float) -> dict[str, Any]:

@@ -7,6 +7,7 @@ would.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -419,3 +420,64 @@ def test_a_flood_of_malformed_lane_frames_gets_one_answer_per_pause_at_most(
     # Slowness only lowers the count; without the pause a lane answers thousands here.
     assert answered <= 0.5 / REFUSAL_PAUSE_S + 1
     assert lane.infer(model.handle, [x_ref()]).status == Status.COMPLETED
+
+
+def row_sums_model() -> bytes:
+    """`y = sum(x, axis=1)` on `x: float32[rows, 256]`: a small output for a large input."""
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
+        "row_sums",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows"])],
+        [axes],
+    )
+    return onnx_bytes(graph)
+
+
+def test_a_shared_array_is_read_in_place_and_its_room_comes_back_when_it_is_collected(
+    start: Callable[..., DaemonProcess],
+) -> None:
+    daemon = start()
+    raw = RawApp(daemon, shared_bytes=8 << 20)
+    try:
+        model = raw.granted_model(model=row_sums_model())
+        segment = raw.client._inference.segment()
+        x = raw.manager.shared_array((1024, 256))  # 1 MiB, float32 by default
+        x[:] = 0.25
+        assert segment.free_bytes == (8 << 20) - (1 << 20)
+        [y] = model.run({"x": x})
+        assert y.tolist() == [64.0] * 1024
+        # No copy: the lane's own region is the output's room (64 KiB), not a second MiB.
+        assert segment.free_bytes == (8 << 20) - (1 << 20) - (64 << 10)
+        assert np.array_equal(model.run({"x": x[:4]})[0], y[:4]), "a slice of one, in place"
+        with pytest.raises(npu.IllegalArgumentError, match="cannot cross the daemon"):
+            raw.manager.shared_array(4, "complex64")
+        del x
+        gc.collect()
+        assert segment.free_bytes == (8 << 20) - (64 << 10)
+    finally:
+        raw.close()
+
+
+def test_the_shared_arrays_of_a_submitted_inference_are_kept_until_it_ends(
+    start: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon = start("--driver-option", "channels=1")
+    raw = RawApp(daemon, shared_bytes=256 << 20)
+    try:
+        model = raw.granted_model(model_file)
+        busy = model.submit({"x": np.zeros((LONG_ROWS, 256), np.float32)})  # the one channel
+        x = raw.manager.shared_array((4, 256))
+        x[:] = 0.5
+        future = model.submit({"x": x})  # queued behind it
+        del x
+        gc.collect()
+        # Were its room given back now, this array would take it and change the inputs.
+        other = raw.manager.shared_array((4, 256))
+        other[:] = 9.0
+        expected = npu_in_process_run(np.full((4, 256), 0.5, np.float32))
+        assert np.array_equal(future.result(timeout=60)[0], expected)
+        assert busy.result(timeout=60)[0].shape == (LONG_ROWS, 256)
+    finally:
+        raw.close()

@@ -115,3 +115,14 @@ def test_a_backend_without_real_inference_is_refused_in_words() -> None:
         model.submit({"x": np.zeros(1)})
     with pytest.raises(NotImplementedError, match=words):
         manager.load_model(req(), model=MODEL)
+
+
+def test_a_shared_array_in_process_is_plain_memory_a_run_reads(service: Service) -> None:
+    app = service.manager(10001, uses_feature=True)
+    x = app.shared_array((3, CHAIN_WIDTH))
+    assert isinstance(x, np.ndarray) and x.shape == (3, CHAIN_WIDTH) and x.dtype == np.float32
+    assert app.shared_array(5, "int8").shape == (5,)
+    x[:] = chain_inputs(3)["x"]
+    with app.reserve(req(), timeout_s=10) as lease:
+        model = lease.load_model(model=MODEL)
+        assert np.array_equal(model.run({"x": x})[0], model.run(chain_inputs(3))[0])

@@ -216,6 +216,12 @@ class LocalBackend:
                 d.driver.unload_model(model.handle)
                 d.telemetry.health_changed()
 
+    def shared_array(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A new array for inputs: in process, plain memory (`numpy.empty`)."""
+        import numpy as np
+
+        return np.empty(shape, dtype)
+
     def submit_inference(
         self,
         model: LoadedModel,

@@ -184,6 +184,9 @@ class InProcessBackend(Protocol):
     ) -> list[Any]:
         """Run one real inference and return its outputs."""
 
+    def shared_array(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A new, uninitialised array that inferences read without copying it."""
+
 
 def _in_process(backend: Backend) -> InProcessBackend:
     if not hasattr(backend, "submit_inference"):
@@ -277,6 +280,14 @@ class NpuManager:
         if weight_bytes is not None:
             raise TypeError("weight_bytes= is counted from model=/path=; give one or the other")
         return _in_process(self._service).load_real_model(self, request, model, path, sram_bytes)
+
+    def shared_array(self, shape: int | tuple[int, ...], dtype: Any = "float32") -> Any:
+        """A new, uninitialised numpy array to write inputs into, which `LoadedModel.run`
+        and `submit` then read in place: through the daemon it lies in the connection's
+        shared segment (no copy of it is made; its room is given back when it is garbage
+        collected), in process it is `numpy.empty`. Any other array works too, copied."""
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        return _in_process(self._service).shared_array(dims, dtype)
 
     def reserve(
         self,

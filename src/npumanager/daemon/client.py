@@ -266,6 +266,9 @@ class DaemonClient(WireClient):
     ) -> list[Any]:
         return self._inference.run(model, inputs, job_priority, timeout)
 
+    def shared_array(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        return self._inference.shared_array(shape, dtype)
+
     # The wire ---------------------------------------------------------------------------
 
     def _default_executor(self) -> ThreadPoolExecutor:

@@ -33,7 +33,6 @@ from npumanager.schemas import (
 from npumanager.schemas.limits import MAX_PENDING_DESCRIPTORS
 
 if TYPE_CHECKING:
-    from npumanager.daemon.lane import Lane
     from npumanager.daemon.segment import SharedSegment
 
 
@@ -42,6 +41,13 @@ class Outlet(Protocol):
 
     def queued(self, connection: Connection, nbytes: int) -> None:
         """`nbytes` more wait in the connection's outbox."""
+
+
+class LaneEnd(Protocol):
+    """A connection's inference lane (`daemon.lane.Lane`), as the connection sees it."""
+
+    def close(self) -> None:
+        """Shut the lane: its thread finishes."""
 
 
 class Connection:
@@ -92,7 +98,7 @@ class Connection:
         """Inferences in flight the client cancelled: they end CANCELLED_USER."""
         self.held: dict[int, list[np.ndarray]] = {}
         """Outputs too large for their region, by call seq, until fetched."""
-        self.lane: Lane | None = None
+        self.lane: LaneEnd | None = None
         """The connection's inference lane, once opened."""
 
     @property

@@ -25,8 +25,8 @@ import numpy as np
 
 from npumanager.checks import GroupId, group_bytes
 from npumanager.core.client import LoadedModel, NpuManager
+from npumanager.daemon import client_tensors, remote_models, tensors
 from npumanager.daemon import protocol as p
-from npumanager.daemon import remote_models, tensors
 from npumanager.daemon.client_lane import ClientLane
 from npumanager.daemon.lane_frames import (
     MAX_LANE_FRAME_BYTES,
@@ -37,7 +37,7 @@ from npumanager.daemon.lane_frames import (
     encode_request,
 )
 from npumanager.daemon.shared_memory import ClientSegment
-from npumanager.errors import IllegalArgumentError, NpuManagerError, UnknownWorkError
+from npumanager.errors import NpuManagerError, UnknownWorkError
 from npumanager.schemas import EndReason, ModelLoadRequest, NpuUuid
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,7 @@ class _Flight:
     model: int
     offset: int
     size: int
+    inputs: list[tuple[str, str, np.ndarray]] | None = None
 
 
 class RemoteInference:
@@ -155,6 +156,11 @@ class RemoteInference:
             theirs.close()
         return ClientLane(mine)
 
+    def shared_array(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """A new array over its own region of the segment, read in place by inferences."""
+        name = tensors.dtype_name(np.empty(0, dtype))
+        return self.segment().shared_array(shape, name, self._wire.timeout_s)
+
     def close(self) -> None:
         """Close the lane (the connection is closing)."""
         with self._lock:
@@ -192,20 +198,19 @@ class RemoteInference:
         """Write the inputs into a region of the segment and start the inference there;
         with `ack`, wait until the daemon has queued it (its work id known, a refusal
         raised here), else return at once (a refusal fails the future)."""
-        arrays = _arrays(inputs)
-        offsets, in_size = tensors.layout([array for _, _, array in arrays])
-        room = max(in_size, self._out_bytes.get(model.handle, _DEFAULT_OUT_BYTES))
+        arrays = client_tensors.arrays(inputs)
         segment = self.segment()
+        places, in_size = client_tensors.placement(segment, arrays)
+        room = max(in_size, self._out_bytes.get(model.handle, _DEFAULT_OUT_BYTES))
         base = segment.allocate(room, self._wire.timeout_s)
-        refs = []
-        for (name, dtype, array), offset in zip(arrays, offsets, strict=True):
-            at = base + offset
-            np.copyto(tensors.view(segment.memory, dtype, array.shape, at), array)
-            refs.append(p.tensor_json(name, dtype, array.shape, at, array.nbytes))
+        refs = [
+            p.tensor_json(*ref) for ref in client_tensors.written(segment, arrays, places, base)
+        ]
         raw = group_bytes(group_id)
         future = RemoteWork(self, model.handle)
         seq = future.call_seq = self._wire.next_seq()
-        self._flights[seq] = _Flight(future, model.handle, base, room)
+        # The arrays read in place stay alive (their regions lent) until the work ends.
+        self._flights[seq] = _Flight(future, model.handle, base, room, arrays)
         try:
             if not ack and raw is None and original_uid is None and feature_id is None:
                 out = (base, room)
@@ -265,16 +270,12 @@ class RemoteInference:
         self, lane: ClientLane, model: LoadedModel, inputs: Mapping[str, Any], job_priority: int
     ) -> list[np.ndarray] | None:
         """The run over the lane; None if its frame would be over the lane's limit."""
-        arrays = _arrays(inputs)
-        offsets, in_size = tensors.layout([array for _, _, array in arrays])
-        room = max(in_size, self._out_bytes.get(model.handle, _DEFAULT_OUT_BYTES))
+        arrays = client_tensors.arrays(inputs)
         segment = self.segment()
+        places, in_size = client_tensors.placement(segment, arrays)
+        room = max(in_size, self._out_bytes.get(model.handle, _DEFAULT_OUT_BYTES))
         base = lane.region(segment, room, self._wire.timeout_s)
-        refs = []
-        for (name, dtype, array), offset in zip(arrays, offsets, strict=True):
-            at = base + offset
-            np.copyto(tensors.view(segment.memory, dtype, array.shape, at), array)
-            refs.append(TensorRef(name, dtype, array.shape, at, array.nbytes))
+        refs = [TensorRef(*ref) for ref in client_tensors.written(segment, arrays, places, base)]
         request = encode_request(Kind.INFER, model.handle, job_priority, (base, room), refs)
         if len(request) > MAX_LANE_FRAME_BYTES:
             return None
@@ -289,7 +290,7 @@ class RemoteInference:
     def _lane_outputs(self, reply: Reply, model: int, segment: ClientSegment) -> list[np.ndarray]:
         """A lane reply's outputs copied out, or its error raised with its class."""
         if reply.status == Status.COMPLETED:
-            outputs = _copy_out(segment, reply.outputs)
+            outputs = client_tensors.copy_out(segment, reply.outputs)
             self._learn(model, reply.outputs)
             return outputs
         if reply.status == Status.CANCELLED:
@@ -319,7 +320,7 @@ class RemoteInference:
         future.work_id = message.work_id
         try:
             if message.reason == EndReason.COMPLETED and message.outputs is not None:
-                outputs = _copy_out(segment, message.outputs)
+                outputs = client_tensors.copy_out(segment, message.outputs)
                 self._learn(flight.model, message.outputs)
             elif message.reason == EndReason.COMPLETED:
                 segment.release(flight.offset, flight.size)
@@ -353,7 +354,7 @@ class RemoteInference:
             )
             assert result is not None
             refs = [p.Tensor.model_validate(ref) for ref in result["outputs"]]
-            return _copy_out(segment, refs)
+            return client_tensors.copy_out(segment, refs)
         finally:
             segment.release(offset, need)
 
@@ -380,27 +381,6 @@ class RemoteInference:
             flight = self._flights.pop(seq, None)
             if flight is not None and not flight.future.done():
                 flight.future.set_exception(error)
-
-
-def _arrays(inputs: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]:
-    """Each input's name, wire dtype and C-contiguous array."""
-    if not isinstance(inputs, Mapping):
-        raise IllegalArgumentError(f"inputs must be a mapping of name to array; got {inputs!r:.60}")
-    arrays = []
-    for name, value in inputs.items():
-        if not isinstance(name, str):
-            raise IllegalArgumentError(f"input names are str; got {name!r}")
-        array = np.ascontiguousarray(value)
-        arrays.append((name, tensors.dtype_name(array), array))
-    return arrays
-
-
-def _copy_out(segment: ClientSegment, refs: Sequence[p.Tensor | TensorRef]) -> list[np.ndarray]:
-    outputs = []
-    for ref in refs:
-        tensors.check_tensor(ref.name, ref.dtype, ref.shape, ref.offset, ref.nbytes, segment.size)
-        outputs.append(tensors.view(segment.memory, ref.dtype, ref.shape, ref.offset).copy())
-    return outputs
 
 
 __all__ = ["RemoteInference", "RemoteWork"]

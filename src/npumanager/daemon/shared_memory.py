@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import bisect
 import fcntl
+import math
 import mmap
 import os
 import threading
+import weakref
 
-from npumanager.daemon.tensors import aligned
+import numpy as np
+
+from npumanager.daemon.tensors import aligned, view
 from npumanager.errors import CapacityError
 
 
@@ -49,6 +53,24 @@ class ClientSegment:
         """Free stretches as (offset, size), sorted by offset, never adjacent."""
         self._cond = threading.Condition()
         self._taken = 0
+        self.base: int = np.frombuffer(self.memory, np.uint8, 0).__array_interface__["data"][0]
+        """The mapping's address, to know an array that lies in it (`offset_of`)."""
+
+    def offset_of(self, array: np.ndarray) -> int | None:
+        """Where a C-contiguous array lies in the segment (a `shared_array` or a slice of
+        one); None if it lies elsewhere."""
+        start = array.__array_interface__["data"][0] - self.base
+        if start >= 0 and start + array.nbytes <= self.size and array.flags.c_contiguous:
+            return int(start)
+        return None
+
+    def shared_array(self, shape: tuple[int, ...], dtype: str, timeout: float) -> np.ndarray:
+        """A new array of its own region; the region comes back when it is collected."""
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        offset = self.allocate(nbytes, timeout)
+        array = view(self.memory, dtype, shape, offset)
+        weakref.finalize(array, self.release, offset, nbytes)
+        return array
 
     def close_descriptor(self) -> None:
         """The daemon has its own: the client keeps only the mapping."""
