@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import time
+import weakref
 from typing import Any
 
 from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver
@@ -24,3 +27,30 @@ def test_work_cancelled_after_it_started_but_before_it_ran_ends_and_the_worker_g
         second = d.submit_future(model, uid=1, inputs=d.timed_inputs(model, 5))
         assert len(second.result(timeout=30)) == 1, "the same worker ran the next work"
         assert cancelled == [first.work_id] and first.cancelled()
+
+
+def test_the_inputs_of_work_stopped_while_it_ran_are_let_go_at_once() -> None:
+    # A daemon's inputs are arrays over a client's shared segment: held a moment too long,
+    # the segment of a client that died stays mapped. Nothing here may wait for the cycle
+    # collector (the runtime's stop is an exception whose traceback holds the run's frames).
+    with OnnxRuntimeDriver(devices=[{"channels": 1}]) as d:
+        model = d.load_timed_model()
+        inputs = d.timed_inputs(model, 2000)
+        held = [weakref.ref(array) for array in inputs.values()]
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            future = d.submit_future(model, uid=1, inputs=inputs)
+            del inputs
+            deadline = time.monotonic() + 30
+            while not d._busy:
+                assert time.monotonic() < deadline, "the work never started"
+                time.sleep(0.01)
+            assert future.cancel()
+            while not d.idle():
+                assert time.monotonic() < deadline, "the work never ended"
+                time.sleep(0.01)
+            assert [ref() is None for ref in held] == [True] * len(held)
+        finally:
+            if collecting:
+                gc.enable()

@@ -238,7 +238,8 @@ class LocalBackend:
         see `RealExecution.submit_future`; `run_admitted` then runs it)."""
         d, manager = self._d, model.manager
         with d.lock:
-            self._check_attribution(manager, original_uid)
+            if original_uid is not None:
+                self._check_attribution(manager, original_uid)
             d.requests.check_model(model)
             future = self._real_driver().submit_future(
                 model.handle,

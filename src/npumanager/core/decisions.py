@@ -40,6 +40,9 @@ from npumanager.telemetry import ModelLoadState
 log = logging.getLogger(__name__)
 
 Clock = Literal["real", "virtual"]
+_ENDED, _PAUSED, _COMPLETED = int(EventKind.ENDED), int(EndReason.PAUSED), int(EndReason.COMPLETED)
+"""What `on_work_events` compares each event with, as plain ints (an enum member's look-up
+is not free, per event)."""
 
 
 class Decisions:
@@ -140,11 +143,12 @@ class Decisions:
     def on_work_events(self, events: Sequence[WorkEvent]) -> None:
         """The driver's raw events: telemetry, work ownership, completions for the arbiter."""
         self.telemetry.work_events(events)
+        work_ended, completed = self.requests.work_ended, self._completed
         for event in events:
-            if event.kind == EventKind.ENDED and event.reason != EndReason.PAUSED:
-                self.requests.work_ended(event.id)
-                if event.reason == EndReason.COMPLETED:
-                    self._completed[event.original_uid] = None
+            if event.kind == _ENDED and event.reason != _PAUSED:
+                work_ended(event.id)
+                if event.reason == _COMPLETED:
+                    completed[event.original_uid] = None
         if self._completed:
             now = self.now_ms
             uids, self._completed = list(self._completed), {}

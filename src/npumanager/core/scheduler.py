@@ -37,7 +37,7 @@ real-runtime driver can dispatch with it. The rules, under `DeviceSpec.scheduler
 from __future__ import annotations
 
 import heapq
-from bisect import insort
+from bisect import bisect_right, insort
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -88,6 +88,11 @@ class DeviceScheduler(Generic[J]):
         self.heap: list[tuple[int, int, J]] = []
         self.flows: dict[tuple[int, int], Flow[J]] = {}
         nbands = len(spec.bands)
+        self._firsts = [band.first_priority for band in spec.bands]
+        floor, window = spec.floor_percent, spec.floor_window_us
+        self._shares = (floor, 100 - floor)
+        """The floor and the rest, in percent: how a band's credit moves (`_fold`)."""
+        self._credit_bounds = (-(100 - floor) * window, floor * window)
         self.live = [0] * nbands
         self.busy = [0] * nbands
         self.credit = [0] * nbands
@@ -101,7 +106,7 @@ class DeviceScheduler(Generic[J]):
         """A new job waits from `t`."""
         self._fold(t)
         if self.fair:
-            job.band = self.spec.band_of(job.effective_priority)
+            job.band = self._band_of(job.effective_priority)
             self.live[job.band] += 1
         self._push(job)
 
@@ -111,11 +116,13 @@ class DeviceScheduler(Generic[J]):
         if self.queued:
             raise ValueError("admit only when no job waits: enqueue it, then pick")
         self._fold(t)
+        job.channel, job.run_start_us, job.acct_us = channel, t, t  # `start`, folded already
+        self.running[channel] = job
         if self.fair:
-            job.band = self.spec.band_of(job.effective_priority)
-            self.live[job.band] += 1
-            self._flow(job.band, job.uid, self.flows)
-        self.start(job, channel, t)
+            band = job.band = self._band_of(job.effective_priority)
+            self.live[band] += 1
+            self._flow(band, job.uid, self.flows).running += 1
+            self.busy[band] += 1
 
     def remove(self, job: J, t: int) -> None:
         """A waiting job leaves the queue for good (cancelled, failed, revoked)."""
@@ -135,8 +142,9 @@ class DeviceScheduler(Generic[J]):
         job.channel, job.run_start_us, job.acct_us = channel, t, t
         self.running[channel] = job
         if self.fair:
-            self.flows[(job.band, job.uid)].running += 1
-            self.busy[job.band] += 1
+            band = job.band
+            self.flows[(band, job.uid)].running += 1
+            self.busy[band] += 1
 
     def stop(self, job: J, t: int, *, requeue: bool) -> None:
         """A running job leaves its channel at `t`: paused (`requeue`) or ended."""
@@ -144,9 +152,10 @@ class DeviceScheduler(Generic[J]):
         self.running[job.channel] = None
         job.channel = -1
         if self.fair:
-            flow = self.flows[(job.band, job.uid)]
+            band = job.band
+            flow = self.flows[(band, job.uid)]
             flow.running -= 1
-            self.busy[job.band] -= 1
+            self.busy[band] -= 1
             if not requeue:
                 self._left(job, flow)
         if requeue:
@@ -168,7 +177,7 @@ class DeviceScheduler(Generic[J]):
         self.live = [0] * len(self.live)
         self.busy = [0] * len(self.busy)
         for job in sorted(queued + running, key=lambda j: j.id):
-            job.band = self.spec.band_of(job.effective_priority)
+            job.band = self._band_of(job.effective_priority)
             flow = self._flow(job.band, job.uid, old)
             self.live[job.band] += 1
             if job.channel >= 0:
@@ -249,48 +258,63 @@ class DeviceScheduler(Generic[J]):
             return
         insort(self._flow(job.band, job.uid, self.flows).queue, entry)
 
+    def _band_of(self, effective_priority: int) -> int:
+        """`spec.band_of`, by bisection of the bands' first priorities (0 is the first)."""
+        band = bisect_right(self._firsts, effective_priority) - 1
+        return band if band > 0 else 0
+
     def _flow(self, band: int, uid: int, old: dict[tuple[int, int], Flow[J]]) -> Flow[J]:
-        flow = self.flows.get((band, uid))
+        key = (band, uid)
+        flow = self.flows.get(key)
         if flow is None:
-            kept = old.get((band, uid))
+            kept = old.get(key)
             if kept is not None:
                 flow = Flow(kept.vruntime)
+            elif not old:
+                flow = Flow(0)
             else:
                 same = [f.vruntime for (b, _), f in old.items() if b == band]
                 flow = Flow(min(same, default=0))
-            self.flows[(band, uid)] = flow
+            self.flows[key] = flow
         return flow
 
     def _left(self, job: J, flow: Flow[J]) -> None:
-        self.live[job.band] -= 1
-        if self.live[job.band] == 0:
-            self.credit[job.band] = 0
+        band = job.band
+        self.live[band] -= 1
+        if self.live[band] == 0:
+            self.credit[band] = 0
         if not flow.queue and not flow.running:
-            del self.flows[(job.band, job.uid)]
-
-    def _weight(self, job: J) -> int:
-        return FAIR_WEIGHT_BASE + job.effective_priority - self.spec.bands[job.band].first_priority
+            del self.flows[(band, job.uid)]
 
     def _fold(self, t: int) -> None:
         """Bring virtual runtimes and floor credits up to `t` (rates are constant since)."""
-        assert t >= self.folded_us, f"time went back: {t} after {self.folded_us}"
-        if not self.fair or t == self.folded_us:
-            self.folded_us = t
+        folded = self.folded_us
+        if t == folded:
             return
-        dt = t - self.folded_us
+        assert t > folded, f"time went back: {t} after {folded}"
+        self.folded_us = t
+        if not self.fair:
+            return
+        busy = self.busy
+        if not any(busy):  # nothing runs: no virtual runtime accrues, no credit moves
+            return
+        firsts, flows = self._firsts, self.flows
         for job in self.running:
             if job is not None:
-                self.flows[(job.band, job.uid)].vruntime += (t - job.acct_us) * self._weight(job)
+                band = job.band
+                weight = FAIR_WEIGHT_BASE + job.effective_priority - firsts[band]
+                flows[(band, job.uid)].vruntime += (t - job.acct_us) * weight
                 job.acct_us = t
-        floor, window = self.spec.floor_percent, self.spec.floor_window_us
+        dt, credits = t - folded, self.credit
+        (floor, rest), (low, high) = self._shares, self._credit_bounds
         above = 0
         for band, live in enumerate(self.live):
             if live:
-                rate = floor * above - (100 - floor) * self.busy[band]
-                credit = self.credit[band] + dt * rate
-                self.credit[band] = max(-(100 - floor) * window, min(floor * window, credit))
-            above += self.busy[band]
-        self.folded_us = t
+                rate = floor * above - rest * busy[band]
+                if rate:  # credits stay within the bounds: no change needs no clamp
+                    credit = credits[band] + dt * rate
+                    credits[band] = low if credit < low else high if credit > high else credit
+            above += busy[band]
 
     def _ranked(self, n: int, below: int | None = None) -> list[J]:
         """The next `n` jobs `pick` would take, in order, without taking them (only from

@@ -47,6 +47,13 @@ from npumanager.vendor_drivers.realexec.osprio import lower_thread_priority
 from npumanager.vendor_drivers.realexec.session import Call, background_from
 from npumanager.vendor_drivers.realexec.work import Model, Work, effective_priority
 
+REQUESTED, STARTED, ENDED = int(EventKind.REQUESTED), int(EventKind.STARTED), int(EventKind.ENDED)
+INITIAL, RESUMED = int(StartReason.INITIAL), int(StartReason.RESUMED)
+PAUSED, FAILED, COMPLETED = int(EndReason.PAUSED), int(EndReason.FAILED), int(EndReason.COMPLETED)
+"""Event kinds and reasons as the plain ints a `WorkEvent` holds (`int()` of an enum is
+not free on the hot path)."""
+_new_event = tuple.__new__
+
 
 class Channels(DriverBase):
     """The live work of a real driver: per device a scheduler and its worker threads."""
@@ -72,7 +79,12 @@ class Channels(DriverBase):
         self.max_live_work = check_int("max_live_work", max_live_work, 1, MAX_LIVE_WORK)
         self.max_models = check_int("max_models", max_models, 1, MAX_MODELS)
         mutex = threading.RLock()
+        self._mutex = mutex
+        """The lock of `_lock`, taken directly where nothing waits (a `Condition`'s `with`
+        runs Python code)."""
         self._lock = threading.Condition(mutex)
+        self._idle_waiters = 0
+        """Threads waiting in `run_until_idle`: all that `_lock.notify_all` would wake."""
         self._pump_lock = threading.Lock()
         self._ready = [(threading.Condition(mutex), threading.Condition(mutex)) for _ in specs]
         """Per device, what its foreground and background workers wait on: woken only when
@@ -169,7 +181,7 @@ class Channels(DriverBase):
             sched.remove(work, t)
         del self._work[work.id]
         work.feeds = None
-        self._event(EventKind.ENDED, reason, work, t)
+        self._event(ENDED, int(reason), work, t)
         if reason == EndReason.FAILED:
             work.future.fail(ExecutionError(f"work {work.id} failed"))
         else:
@@ -200,54 +212,61 @@ class Channels(DriverBase):
 
     def _start(self, work: Work, channel: int, t: int) -> None:
         """Work the scheduler put on a channel at `t` (lock held): STARTED."""
-        work.call = Call(self._in_background(work))
+        device = work.device
+        background = work.effective_priority >= self._background_from[device]  # _in_background
+        work.call = Call(background)
         self._busy += 1
-        self._background_busy[work.device] += work.call.background
-        reason = StartReason.RESUMED if work.restarts else StartReason.INITIAL
-        self._event(EventKind.STARTED, reason, work, t)
+        self._background_busy[device] += background
+        self._event(STARTED, RESUMED if work.restarts else INITIAL, work, t)
 
     def _execute(self, work: Work) -> list[np.ndarray] | None:
         """Run started work on this thread (lock not held), then end it as it went; its
         outputs if this ended it COMPLETED."""
-        with self._lock:  # it may have ended (cancelled, unloaded) since it started
-            live = self._work.get(work.id) is work
+        work_id, live_work = work.id, self._work
+        with self._mutex:  # it may have ended (cancelled, unloaded) since it started
+            live = live_work.get(work_id) is work
             session = self._models[work.model].session if live else None
             feeds = work.feeds
-        assert work.call is not None
+        call = work.call
+        assert call is not None
         outputs: list[np.ndarray] | None = None
-        error: Exception | None = None
+        failure = ""
         try:
             if session is None or feeds is None:
-                raise ExecutionError(f"work {work.id} ended before it ran")
-            outputs = session.run(feeds, work.call)
+                raise ExecutionError(f"work {work_id} ended before it ran")
+            outputs = session.run(feeds, call)
         except Exception as exc:  # the runtime's failure or its stop
-            error = exc
-        ended: EndReason | None = None
-        with self._lock:
+            # Only its text: the exception's traceback holds this frame, and with it the
+            # inputs (a client's shared segment), until the cycle collector ran.
+            failure = str(exc)
+        ended = -1
+        device = work.device
+        with self._mutex:
             self._busy -= 1
-            self._background_busy[work.device] -= work.call.background
-            if self._work.get(work.id) is work:
-                t = self.now_us
+            self._background_busy[device] -= call.background
+            if live_work.get(work_id) is work:
+                t = (time.monotonic_ns() - self._t0) // 1000  # now_us
+                sched = self._scheds[device]
                 if outputs is None and work.stopping:  # made room: back in line, from the start
                     work.stopping, work.restarts = False, work.restarts + 1
-                    self._scheds[work.device].stop(work, t, requeue=True)
-                    self._event(EventKind.ENDED, EndReason.PAUSED, work, t)
-                    self._wake(work.device)
+                    sched.stop(work, t, requeue=True)
+                    self._event(ENDED, PAUSED, work, t)
+                    self._wake(device)
                     return None
-                self._scheds[work.device].stop(work, t, requeue=False)
-                del self._work[work.id]
+                sched.stop(work, t, requeue=False)
+                del live_work[work_id]
                 work.feeds = None
-                ended = EndReason.COMPLETED if outputs is not None else EndReason.FAILED
-                self._event(EventKind.ENDED, ended, work, t)
-                if outputs is not None:
+                ended = COMPLETED if outputs is not None else FAILED
+                self._event(ENDED, ended, work, t)
+                if outputs is not None and work.future.keep:
                     self._keep(work, outputs)
-            self._wake(work.device)
+            self._wake(device)
         # The future's callbacks (a daemon writing outputs to its client) run without the lock.
-        if ended is EndReason.COMPLETED and outputs is not None:
+        if ended == COMPLETED and outputs is not None:
             work.future.succeed(outputs)
             return outputs
-        if ended is EndReason.FAILED:
-            work.future.fail(ExecutionError(f"the runtime failed: {error}"))
+        if ended == FAILED:
+            work.future.fail(ExecutionError(f"the runtime failed: {failure}"))
         return None
 
     def _wake(self, device: int | None = None) -> None:
@@ -257,11 +276,11 @@ class Channels(DriverBase):
             if self._closed:
                 for ready in self._ready[d]:
                     ready.notify_all()
-            elif self._scheds[d].depth:
+            elif self._scheds[d].queued:
                 head = self._choice(d, self.now_us)[0]
                 if head is not None:
                     self._ready[d][self._in_background(head)].notify_all()
-        if (not self._work and not self._busy) or self._closed:
+        if self._idle_waiters and ((not self._work and not self._busy) or self._closed):
             self._lock.notify_all()
 
     def _in_background(self, work: Work) -> bool:
@@ -292,7 +311,7 @@ class Channels(DriverBase):
         """Background work (`is_background`) takes the last `reserved_channels` free
         channels only if it is more important than every running job (it always gets one)."""
         device = work.device
-        if not self._in_background(work):
+        if work.effective_priority < self._background_from[device]:  # not _in_background
             return False
         if self._beside_foreground(device, work):
             return True
@@ -348,22 +367,22 @@ class Channels(DriverBase):
             victim.call.cancel()
 
     def _keep(self, work: Work, outputs: list[np.ndarray]) -> None:
-        """Keep the outputs for `result(work_id)` when the work was submitted to keep them
-        (lock held)."""
-        if work.future.keep:
-            self._results[work.id] = outputs
-            while len(self._results) > REAL_MAX_RESULTS:
-                self._results.popitem(last=False)
+        """Keep the outputs of work submitted to keep them, for `result(work_id)` (lock
+        held)."""
+        self._results[work.id] = outputs
+        while len(self._results) > REAL_MAX_RESULTS:
+            self._results.popitem(last=False)
 
     # Events and time ----------------------------------------------------------------------
 
-    def _event(self, kind: EventKind, reason: int, work: Work, t: int) -> None:
+    def _event(self, kind: int, reason: int, work: Work, t: int) -> None:
+        """Record an event (`kind` and `reason` plain ints: `STARTED`, `INITIAL`, ...)."""
         self._events.append(
-            WorkEvent(
-                int(kind), int(reason), work.id, work.group_id, work.uid, work.debug_pid,
+            _new_event(WorkEvent, (
+                kind, reason, work.id, work.group_id, work.uid, work.debug_pid,
                 work.original_uid, work.feature_id, work.job_priority,
                 work.effective_priority, t // 1000, work.device, t, work.model,
-            )
+            ))
         )  # fmt: skip
 
     def pump(self) -> None:
@@ -389,11 +408,15 @@ class Channels(DriverBase):
         self._check_open()
         deadline = None if max_us is None else time.monotonic() + max_us / 1e6
         with self._lock:
-            while self._work or self._busy:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                self._lock.wait(timeout=left)
+            self._idle_waiters += 1
+            try:
+                while self._work or self._busy:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    self._lock.wait(timeout=left)
+            finally:
+                self._idle_waiters -= 1
         due = self._next_debounce_due_us()
         while due is not None and (deadline is None or time.monotonic() < deadline):
             time.sleep(max(0.0, (due - self.now_us) / 1e6))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
 import numpy as np
@@ -67,6 +67,12 @@ class InputSpec:
     name: str
     shape: tuple[int | None, ...]
     dtype: np.dtype[Any]
+    fixed: tuple[tuple[int, int], ...] = field(init=False, repr=False, compare=False)
+    """The dimensions of a fixed size, as (index, size): what `check_feeds` compares."""
+
+    def __post_init__(self) -> None:
+        fixed = tuple((i, d) for i, d in enumerate(self.shape) if d is not None)
+        object.__setattr__(self, "fixed", fixed)
 
     def describe(self) -> str:
         """E.g. `x: float32[?, 256]`."""
@@ -95,7 +101,7 @@ class Session(Protocol):
 
 def check_feeds(inputs: tuple[InputSpec, ...], given: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """`given` as arrays of the model's inputs; a wrong name, dtype or shape is refused."""
-    if not isinstance(given, Mapping):
+    if type(given) is not dict and not isinstance(given, Mapping):
         raise IllegalArgumentError(f"inputs must be a mapping of name to array; got {given!r}")
     if len(given) != len(inputs):
         _wrong_names(inputs, given)
@@ -105,7 +111,8 @@ def check_feeds(inputs: tuple[InputSpec, ...], given: Mapping[str, Any]) -> dict
         if value is given:
             _wrong_names(inputs, given)
         if isinstance(value, np.ndarray):
-            if value.dtype != spec.dtype:
+            dtype = value.dtype
+            if dtype is not spec.dtype and dtype != spec.dtype:  # the same object, mostly
                 raise IllegalArgumentError(
                     f"input {spec.name!r} has dtype {value.dtype}; the model takes {spec.dtype}"
                 )
@@ -119,9 +126,10 @@ def check_feeds(inputs: tuple[InputSpec, ...], given: Mapping[str, Any]) -> dict
                 ) from None
         shape = array.shape
         fits = len(shape) == len(spec.shape) and 0 not in shape
-        for wanted, got in zip(spec.shape, shape, strict=False):
-            if wanted is not None and wanted != got:
-                fits = False
+        if fits:
+            for index, size in spec.fixed:
+                if shape[index] != size:
+                    fits = False
         if not fits:
             raise IllegalArgumentError(
                 f"input {spec.name!r} has shape {list(shape)}; the model takes "

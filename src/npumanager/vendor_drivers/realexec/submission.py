@@ -20,13 +20,18 @@ from typing import Any
 import numpy as np
 
 from npumanager.checks import GroupId, check_int, group_bytes
-from npumanager.core.events import NO_REASON, EventKind
+from npumanager.core.events import NO_REASON
 from npumanager.errors import IllegalArgumentError, UnknownModelError
-from npumanager.schemas import EndReason
 from npumanager.schemas.limits import INT32_MAX, INT32_MIN, MAX_PRIORITY, MIN_PRIORITY
-from npumanager.vendor_drivers.realexec.channels import Channels, ExecutionError
+from npumanager.vendor_drivers.realexec.channels import (
+    ENDED,
+    FAILED,
+    REQUESTED,
+    Channels,
+    ExecutionError,
+)
 from npumanager.vendor_drivers.realexec.session import check_feeds
-from npumanager.vendor_drivers.realexec.work import Work, WorkFuture, effective_priority, permitted
+from npumanager.vendor_drivers.realexec.work import Work, WorkFuture, priority_and_permission
 
 
 class Submission(Channels):
@@ -81,17 +86,12 @@ class Submission(Channels):
         `inline_background` False, background work is left to the workers (their lower OS
         priority) all the same."""
         self._check_open()
-        uid = check_int("uid", uid, 0, INT32_MAX)
-        original = (
-            uid if original_uid is None else check_int("original_uid", original_uid, 0, INT32_MAX)
+        uid, original, job_priority, gid, debug_pid = _checked(
+            uid, original_uid, job_priority, group_id, debug_pid, feature_id
         )
-        job_priority = check_int("job_priority", job_priority, MIN_PRIORITY, MAX_PRIORITY)
-        gid = group_bytes(group_id)
-        debug_pid = check_int("debug_pid", debug_pid, INT32_MIN, INT32_MAX)
-        if feature_id is not None and not isinstance(feature_id, str):
-            raise IllegalArgumentError(f"feature_id must be a str or None; got {feature_id!r}")
-        with self._lock:
-            entry = self._models.get(check_int("model", model, 0, INT32_MAX))
+        plain = type(model) is int and 0 <= model <= INT32_MAX
+        with self._mutex:
+            entry = self._models.get(model if plain else check_int("model", model, 0, INT32_MAX))
             if entry is None:
                 raise UnknownModelError(f"model {model} is not loaded")
             if entry.session is None:
@@ -111,10 +111,12 @@ class Submission(Channels):
             feeds = check_feeds(entry.session.inputs, inputs)
             work_id, device = self._next_work, entry.device
             self._next_work += 1
+            priority, allowed = priority_and_permission(self._configs, uid, original, job_priority)
+            future = WorkFuture(work_id, self, keep)
             work = Work(
                 id=work_id,
                 uid=uid,
-                effective_priority=effective_priority(self._configs, uid, original, job_priority),
+                effective_priority=priority,
                 model=model,
                 device=device,
                 original_uid=original,
@@ -123,19 +125,19 @@ class Submission(Channels):
                 feature_id=feature_id,
                 debug_pid=debug_pid,
                 feeds=feeds,
-                future=WorkFuture(work_id, self, keep),
+                future=future,
             )
-            t = self.now_us
-            self._event(EventKind.REQUESTED, NO_REASON, work, t)
-            if not permitted(self._configs, uid, original) or len(self._work) >= self.max_live_work:
-                self._event(EventKind.ENDED, EndReason.FAILED, work, t)
-                work.future.fail(
+            t = (time.monotonic_ns() - self._t0) // 1000  # now_us
+            self._event(REQUESTED, NO_REASON, work, t)
+            if not allowed or len(self._work) >= self.max_live_work:
+                self._event(ENDED, FAILED, work, t)
+                future.fail(
                     ExecutionError(
                         f"uid {uid} may not run this work (no direct access, "
                         "no permission to attribute, or too much live work)"
                     )
                 )
-                return work.future
+                return future
             self._work[work_id] = work
             sched = self._scheds[device]
             inline = inline and (inline_background or not self._in_background(work))
@@ -150,21 +152,24 @@ class Submission(Channels):
                 if channel is None:
                     self._wake(device)
                     self._preempt(device)
-                    return work.future
+                    return future
                 sched.pick(t, below)
                 sched.start(work, channel, t)
             self._start(work, channel, t)
             self._preempt(device)  # shared_cores: background work beside it stops
-            work.future.inline = work
-            return work.future
+            future.inline = work
+            return future
 
     def _inline_channel(self, work: Work) -> int | None:
         """The free channel new work may take at once, being next in line (lock held): the
         first free one, unless background work is held back (`_held_back`)."""
-        for channel, running in enumerate(self._scheds[work.device].running):
-            if running is None:
-                return None if self._held_back(work) else channel
-        return None
+        device = work.device
+        running = self._scheds[device].running
+        if None not in running:
+            return None
+        if work.effective_priority >= self._background_from[device] and self._held_back(work):
+            return None
+        return running.index(None)
 
     def run_inference(
         self,
@@ -219,6 +224,32 @@ class Submission(Channels):
             raise TimeoutError(f"work {future.work_id} did not end within {timeout} s")
         # stopped to make room (restart preemption): it waits its turn, within the time left
         return _waited(future, max(0.0, deadline - time.monotonic()))
+
+
+def _checked(
+    uid: int,
+    original_uid: int | None,
+    job_priority: int,
+    group_id: GroupId | None,
+    debug_pid: int,
+    feature_id: str | None,
+) -> tuple[int, int, int, bytes | None, int]:
+    """New work's uid, original uid, job priority, group id (bytes) and debug pid, checked
+    in that order, then its feature id; `check_int` is called only for a value that is not
+    a plain int in range (it would return that value)."""
+    if type(uid) is not int or not 0 <= uid <= INT32_MAX:
+        uid = check_int("uid", uid, 0, INT32_MAX)
+    original = (
+        uid if original_uid is None else check_int("original_uid", original_uid, 0, INT32_MAX)
+    )
+    if type(job_priority) is not int or not MIN_PRIORITY <= job_priority <= MAX_PRIORITY:
+        job_priority = check_int("job_priority", job_priority, MIN_PRIORITY, MAX_PRIORITY)
+    gid = None if group_id is None else group_bytes(group_id)
+    if type(debug_pid) is not int or not INT32_MIN <= debug_pid <= INT32_MAX:
+        debug_pid = check_int("debug_pid", debug_pid, INT32_MIN, INT32_MAX)
+    if feature_id is not None and not isinstance(feature_id, str):
+        raise IllegalArgumentError(f"feature_id must be a str or None; got {feature_id!r}")
+    return uid, original, job_priority, gid, debug_pid
 
 
 def _waited(future: WorkFuture, timeout: float | None) -> list[np.ndarray]:

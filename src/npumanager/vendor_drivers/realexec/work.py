@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -54,6 +54,17 @@ def permitted(configs: Mapping[int, SchedulingConfig], uid: int, original_uid: i
     return original_uid == uid or config.can_attribute_other_uid
 
 
+def priority_and_permission(
+    configs: Mapping[int, SchedulingConfig], uid: int, original_uid: int, job_priority: int
+) -> tuple[int, bool]:
+    """`effective_priority` and `permitted` at once (one look-up of the uid's config)."""
+    config = configs.get(uid) or _unknown(uid)  # _config
+    allowed = config.has_direct_access and (original_uid == uid or config.can_attribute_other_uid)
+    if original_uid != uid and original_uid in configs:
+        config = configs[original_uid]
+    return config.app_priority + config.clamp_job_priority(job_priority), allowed
+
+
 class WorkFuture(Future[list[np.ndarray]]):
     """The outputs of one inference; `cancel()` cancels the work in the driver, queued or
     running (the runtime's own cancel), and `work_id` names it in the events."""
@@ -82,9 +93,11 @@ class WorkFuture(Future[list[np.ndarray]]):
         self.set_running_or_notify_cancel()
 
     def succeed(self, outputs: list[np.ndarray]) -> None:
-        """The inference completed with `outputs`."""
-        if not self.done():
+        """The inference completed with `outputs` (nothing if the future is done already)."""
+        try:
             self.set_result(outputs)
+        except InvalidStateError:  # cheaper than asking `done()` first, which takes its lock
+            return
 
     def fail(self, error: BaseException) -> None:
         """The inference failed (or was refused)."""
@@ -123,4 +136,12 @@ class Model:
     uid: int | None = None
 
 
-__all__ = ["Any", "Model", "Work", "WorkFuture", "effective_priority", "permitted"]
+__all__ = [
+    "Any",
+    "Model",
+    "Work",
+    "WorkFuture",
+    "effective_priority",
+    "permitted",
+    "priority_and_permission",
+]
