@@ -125,11 +125,6 @@ class Lane:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
 
-    def join(self, timeout: float) -> None:
-        """Wait up to `timeout` seconds for the lane's thread to end."""
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
-
     def _serve(self) -> None:
         buffer = bytearray(MAX_LANE_FRAME_BYTES)
         view = memoryview(buffer)
