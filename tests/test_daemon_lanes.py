@@ -481,3 +481,31 @@ def test_the_shared_arrays_of_a_submitted_inference_are_kept_until_it_ends(
         assert busy.result(timeout=60)[0].shape == (LONG_ROWS, 256)
     finally:
         raw.close()
+
+
+def test_a_run_on_the_lane_when_the_daemon_dies_raises_daemon_unavailable(
+    start: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon = start()
+    raw = RawApp(daemon, shared_bytes=256 << 20)
+    try:
+        model = raw.granted_model(model_file)
+        raised: list[BaseException] = []
+
+        def long_run() -> None:
+            try:
+                model.run({"x": np.zeros((LONG_ROWS, 256), np.float32)})
+            except BaseException as exc:
+                raised.append(exc)
+
+        caller = threading.Thread(target=long_run)
+        caller.start()
+        wait_for(lambda: counters(daemon)["inferences_on_lane"] == 1)
+        daemon.process.kill()
+        daemon.process.wait(10)
+        caller.join(30)
+        assert not caller.is_alive(), "the caller waits for ever"
+        assert [type(exc) for exc in raised] == [npu.DaemonUnavailableError]
+        assert "closed the inference lane" in str(raised[0])
+    finally:
+        raw.close()
