@@ -36,7 +36,6 @@ from npumanager.daemon.lane_frames import (
     Kind,
     Request,
     Status,
-    TensorRef,
     decode_request,
     encode_reply,
 )
@@ -215,7 +214,7 @@ class Lane:
         if isinstance(placed, int):
             self._held = outputs
             return encode_reply(Status.HELD, work_id, held_bytes=placed)
-        return encode_reply(Status.COMPLETED, work_id, outputs=[TensorRef(*out) for out in placed])
+        return encode_reply(Status.COMPLETED, work_id, outputs=placed)
 
     def _fetch(self, segment: SharedSegment, request: Request) -> bytes:
         held, self._held = self._held, None

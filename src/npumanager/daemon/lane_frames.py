@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from enum import IntEnum
 from typing import NamedTuple
 
-from npumanager.daemon.tensors import DTYPES
+from npumanager.daemon.tensors import DTYPES, TensorFields
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas.limits import (
     INT32_MAX,
@@ -104,7 +104,7 @@ class Reply(NamedTuple):
     message: str
 
 
-def _encode_tensors(refs: Sequence[TensorRef], parts: list[bytes]) -> None:
+def _encode_tensors(refs: Sequence[TensorFields], parts: list[bytes]) -> None:
     for ref in refs:
         name = ref.name.encode()
         ndim = len(ref.shape)
@@ -123,7 +123,7 @@ def encode_request(
     model: int,
     job_priority: int,
     out: tuple[int, int],
-    inputs: Sequence[TensorRef] = (),
+    inputs: Sequence[TensorFields] = (),
 ) -> bytes:
     """One request frame; the caller checks it is within `MAX_LANE_FRAME_BYTES`."""
     try:
@@ -139,7 +139,7 @@ def encode_reply(
     work_id: int = 0,
     *,
     held_bytes: int = 0,
-    outputs: Sequence[TensorRef] = (),
+    outputs: Sequence[TensorFields] = (),
     kind: str = "",
     message: str = "",
 ) -> bytes:

@@ -14,12 +14,13 @@ import mmap
 import os
 import stat
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import numpy as np
 
 from npumanager.daemon import protocol as p
 from npumanager.daemon import tensors
+from npumanager.daemon.tensors import TensorFields
 from npumanager.errors import CapacityError, IllegalArgumentError
 
 _READ_CHUNK = 1 << 20
@@ -47,21 +48,6 @@ class Placed(NamedTuple):
     def json(self) -> str:
         """As the wire's JSON, without building the model."""
         return p.tensor_json(*self)
-
-
-class TensorFields(Protocol):
-    """What names a tensor in the segment: a `Tensor` frame's or a lane's."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def shape(self) -> Sequence[int]: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def nbytes(self) -> int: ...
 
 
 class SharedSegment:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 
@@ -32,6 +32,21 @@ DtypeName = Literal[
 ]
 DTYPES: dict[str, np.dtype[Any]] = {name: np.dtype(name) for name in get_args(DtypeName)}
 """Every dtype a tensor on the wire may have, by its numpy name (native byte order)."""
+
+
+class TensorFields(Protocol):
+    """What names a tensor in the segment: a `Tensor` frame's or a lane's."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> Sequence[int]: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
 
 
 def aligned(n: int) -> int:
