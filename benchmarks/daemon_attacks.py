@@ -11,6 +11,8 @@ its own, keeps up one attack, and so on in turn, so every kind sees the same mac
   again as the buffer budget drops them;
 * no_read: connections that pipeline calls and never read a reply;
 * hoard: requests up to the uid's cap, cancelled and asked again;
+* lane_flood: eight connections with an inference lane each, every lane sending a
+  malformed frame as soon as the last one's refusal is back;
 * cpu_burn, the control: a process that keeps a core busy and never calls the daemon. On
   a 2-core machine any attacker takes a core from the client and the daemon; the
   `_vs_cpu_burn` ratios show what is left, the daemon's own share.
@@ -27,6 +29,8 @@ Usage: python benchmarks/daemon_attacks.py [--json] [--quick] [--samples N] [--r
 from __future__ import annotations
 
 import argparse
+import array
+import contextlib
 import multiprocessing
 import os
 import socket
@@ -34,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -125,6 +130,33 @@ def hoard(path: str, stop: Stop) -> None:
             got += sum(1 for body in reader.feed(sock.recv(1 << 20)) if b'"seq"' in body)
 
 
+def lane_flood(path: str, stop: Stop) -> None:
+    """Eight connections, each with an inference lane, each sending a malformed lane frame
+    as soon as the refusal of the last one comes back."""
+
+    def flood(lane: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while not stop.is_set():
+                lane.send(b"\x01")
+                lane.recv(1 << 16)
+
+    held, floods = [], []
+    for seq in range(8):
+        sock = _connect(path)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        rights = array.array("i", [theirs.fileno()]).tobytes()
+        sock.sendmsg(
+            [wire.encode(wire.OpenLane(seq=seq))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
+        )
+        sock.recv(65536)
+        theirs.close()
+        held.append(sock)
+        floods.append(threading.Thread(target=flood, args=(mine,), daemon=True))
+    for thread in floods:
+        thread.start()
+    stop.wait()
+
+
 def cpu_burn(path: str, stop: Stop) -> None:
     """The control: a process that only keeps a core busy and never calls the daemon."""
     while not stop.is_set():
@@ -132,7 +164,7 @@ def cpu_burn(path: str, stop: Stop) -> None:
 
 
 ATTACKS: dict[str, Callable[[str, Stop], None]] = {
-    f.__name__: f for f in (cpu_burn, info_flood, idle_1000, partial, no_read, hoard)
+    f.__name__: f for f in (cpu_burn, info_flood, idle_1000, partial, no_read, hoard, lane_flood)
 }
 CONTROL = "cpu_burn"
 QUICK_SAMPLES = 200

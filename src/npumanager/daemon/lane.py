@@ -12,7 +12,8 @@ The client makes the lane, a SOCK_SEQPACKET socketpair, and sends one end with
 `open_lane` (SCM_RIGHTS). A lane acts for its connection only (its models, its segment,
 its uid's priority), one inference at a time, and closes with it. A frame that is not
 well formed, or names memory outside the segment, gets a `REFUSED` reply and the lane
-goes on, after a pause (`REFUSAL_PAUSE_S`) that bounds what a flood of them costs.
+goes on, after a pause that grows with each refusal in a row (`REFUSAL_PAUSE_S`), which
+bounds what a flood of them costs.
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-REFUSAL_PAUSE_S = 0.001
-"""How long a lane rests after a refusal: a client sending malformed frames as fast as it
-can costs the daemon a thousand checks a second, not all of its time."""
+REFUSAL_PAUSE_S = (0.001, 0.1)
+"""How long a lane rests after a refusal: 1 ms, doubled at each refusal in a row up to
+100 ms, until a request is answered. A client sending malformed frames as fast as it can
+costs the daemon ten checks a second per lane, not its time."""
 _TRUNCATED = int(socket.MSG_TRUNC)
 """recvmsg's flag for a frame longer than the buffer (an int: flag enums are slow)."""
 
@@ -127,6 +129,7 @@ class Lane:
     def _serve(self) -> None:
         buffer = bytearray(MAX_LANE_FRAME_BYTES)
         view = memoryview(buffer)
+        pause = 0.0
         try:
             while True:
                 try:
@@ -148,7 +151,10 @@ class Lane:
                 except OSError:
                     return
                 if reply[0] == Status.REFUSED:
-                    time.sleep(REFUSAL_PAUSE_S)
+                    pause = min(REFUSAL_PAUSE_S[1], max(REFUSAL_PAUSE_S[0], pause * 2))
+                    time.sleep(pause)
+                else:
+                    pause = 0.0
         finally:
             self._held = None
             self._sock.close()
