@@ -29,6 +29,7 @@ from npumanager.core.client import (
 )
 from npumanager.core.dispatch import DeliveryStats, ExecutorLike, SerialQueue
 from npumanager.daemon import protocol as p
+from npumanager.daemon import remote_models
 from npumanager.daemon.client_wire import WireClient
 from npumanager.daemon.remote_inference import RemoteInference, RemoteWork
 from npumanager.errors import (
@@ -242,7 +243,9 @@ class DaemonClient(WireClient):
     def load_real_model(
         self, manager: NpuManager, request: ModelLoadRequest, model: Any, path: Any, sram: int
     ) -> LoadedModel:
-        return self._inference.load(manager, request, model, path, sram)
+        return remote_models.load(
+            self, self._inference.segment, manager, request, model, path, sram
+        )
 
     def submit_inference(
         self,

@@ -18,14 +18,13 @@ import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from npumanager.checks import GroupId, group_bytes
-from npumanager.core.client import LoadedModel, NpuManager
-from npumanager.daemon import client_tensors, remote_models, tensors
+from npumanager.core.client import LoadedModel
+from npumanager.daemon import client_tensors, tensors
 from npumanager.daemon import protocol as p
 from npumanager.daemon.client_lane import ClientLane
 from npumanager.daemon.lane_frames import (
@@ -38,7 +37,7 @@ from npumanager.daemon.lane_frames import (
 )
 from npumanager.daemon.shared_memory import ClientSegment
 from npumanager.errors import NpuManagerError, UnknownWorkError
-from npumanager.schemas import EndReason, ModelLoadRequest, NpuUuid
+from npumanager.schemas import EndReason, NpuUuid
 
 log = logging.getLogger(__name__)
 
@@ -166,21 +165,6 @@ class RemoteInference:
         with self._lock:
             if self._lane is not None:
                 self._lane.close()
-
-    # Models -----------------------------------------------------------------------------
-
-    def load(
-        self,
-        manager: NpuManager,
-        request: ModelLoadRequest,
-        model: Any,
-        path: str | Path | None,
-        sram_bytes: int,
-    ) -> LoadedModel:
-        """Load a granted request's model in the daemon (`remote_models.load`)."""
-        return remote_models.load(
-            self._wire, self.segment, manager, request, model, path, sram_bytes
-        )
 
     # Inference --------------------------------------------------------------------------
 
