@@ -139,3 +139,43 @@ def test_foreground_work_does_not_wait_behind_held_back_owed_background_work(
             d.submit_future(model, uid=20, inputs=inputs).result(timeout=60)
         assert not busy.done() and not idle.done(), "the foreground job went first"
         d.run_until_idle()
+
+
+def _run_on_its_thread(d: Any, model: int, ms: float) -> tuple[threading.Thread, list[Any], int]:
+    """Start `run_inference` (no timeout) on a thread of its own; the thread, where its
+    outcome goes (outputs or the exception), and the work id once it runs."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(d.run_inference(model, uid=10, inputs=d.timed_inputs(model, ms)))
+        except BaseException as exc:  # the test looks at which one
+            outcome.append(exc)
+
+    app = threading.Thread(target=run)
+    app.start()
+    deadline = time.monotonic() + 30
+    while -1 in d.device_state(0).running and time.monotonic() < deadline:
+        time.sleep(0.001)
+    (work_id,) = d.device_state(0).running
+    return app, outcome, work_id
+
+
+@pytest.mark.parametrize("end", ["cancel", "inject_fault"])
+def test_a_run_on_the_callers_thread_ended_by_another_thread_raises_how_it_ended(
+    end: str,
+) -> None:
+    """A run with no timeout keeps its outcome without a thread-safe future (only its
+    own thread waits): a cancel or a failure from elsewhere still reaches it."""
+    from concurrent.futures import CancelledError
+
+    from npumanager.errors import ExecutionError
+
+    with OnnxRuntimeDriver(devices=[{"channels": 1}]) as d:
+        model = d.load_timed_model()
+        app, outcome, work_id = _run_on_its_thread(d, model, 300)
+        getattr(d, end)(work_id)
+        app.join(timeout=60)
+        expected = CancelledError if end == "cancel" else ExecutionError
+        assert len(outcome) == 1 and isinstance(outcome[0], expected), outcome
+        assert d.run_inference(model, uid=10, inputs=d.timed_inputs(model, 1))[0].size > 0

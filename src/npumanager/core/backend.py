@@ -210,7 +210,7 @@ class LocalBackend:
         """Take back a model just loaded that its client may not keep (a daemon quota)."""
         d = self._d
         with d.lock:
-            record = d.requests.get(RequestKey(model.manager.client, model.request.id))
+            record = d.requests.get(model.request_key)
             if record is not None and model in record.models:
                 record.models.remove(model)
                 d.driver.unload_model(model.handle)
@@ -233,9 +233,10 @@ class LocalBackend:
         *,
         inline: bool = False,
         inline_background: bool = True,
+        sync: bool = False,
     ) -> WorkHandle:
-        """Run one real inference on a loaded model; a future of its outputs (`inline`:
-        see `RealExecution.submit_future`; `run_admitted` then runs it)."""
+        """Run one real inference on a loaded model; a future of its outputs (`inline`,
+        `sync`: see `RealExecution.submit_future`; `run_admitted` or `outputs` then runs it)."""
         d, manager = self._d, model.manager
         with d.lock:
             if original_uid is not None:
@@ -252,6 +253,7 @@ class LocalBackend:
                 debug_pid=manager.pid or 0,
                 inline=inline,
                 inline_background=inline_background,
+                sync=sync,
             )
             d.requests.work_submitted(future.work_id, model)
             return future
@@ -270,7 +272,9 @@ class LocalBackend:
     ) -> list[Any]:
         """Run one real inference and return its outputs: on the calling thread when a
         channel is free and nothing waits, outside the service lock."""
-        handle = self.submit_inference(model, inputs, job_priority, None, None, None, inline=True)
+        handle = self.submit_inference(
+            model, inputs, job_priority, None, None, None, inline=True, sync=timeout is None
+        )
         return self._real_driver().outputs(handle, timeout)
 
     def _keep(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, overload
 
 from npumanager.checks import GroupId
+from npumanager.core.actions import RequestKey
 from npumanager.core.callbacks import (
     ModelLoadRequestCallback,
     StatusListener,
@@ -327,6 +328,8 @@ class LoadedModel:
         self.handle = handle
         self.device = device
         self.weight_bytes = weight_bytes
+        self.request_key = RequestKey(manager.client, request.id)
+        """The key of the request it is loaded under (checked on every run)."""
 
     @overload
     def submit(

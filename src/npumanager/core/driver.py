@@ -244,9 +244,12 @@ class RealExecution(Protocol):
         debug_pid: int = 0,
         inline: bool = False,
         inline_background: bool = True,
+        sync: bool = False,
     ) -> WorkHandle:
         """Queue one inference; a future of its outputs (`inline`: `outputs` may run it on
-        the calling thread; with `inline_background` False, background work never does)."""
+        the calling thread; with `inline_background` False, background work never does;
+        `sync`: only the calling thread waits, with `outputs` and no timeout, so the
+        handle need not let other threads wait)."""
 
     def outputs(self, handle: Any, timeout: float | None = None) -> list[Any]:
         """The outputs of submitted work (run here if it was submitted `inline` and a

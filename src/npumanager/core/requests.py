@@ -95,7 +95,7 @@ class Requests:
 
     def check_model(self, model: LoadedModel) -> None:
         """`UnknownModelError` unless the model is still loaded under a live request."""
-        record = self._records.get(RequestKey(model.manager.client, model.request.id))
+        record = self._records.get(model.request_key)
         if record is None or model not in record.models:
             raise UnknownModelError(
                 f"model {model.handle} is no longer loaded (its request ended or it was revoked)"

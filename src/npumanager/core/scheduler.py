@@ -48,7 +48,7 @@ from npumanager.schemas.limits import SIMULATION_HORIZON_US
 NEVER = SIMULATION_HORIZON_US
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Job:
     """What the scheduler knows of one job; a driver's own work record may extend it."""
 
@@ -69,7 +69,7 @@ class Job:
 J = TypeVar("J", bound=Job)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Flow(Generic[J]):
     """One uid's work in one band: its queued jobs in order and its virtual runtime."""
 

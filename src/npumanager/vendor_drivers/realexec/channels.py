@@ -45,7 +45,13 @@ from npumanager.schemas.limits import (
 )
 from npumanager.vendor_drivers.realexec.osprio import lower_thread_priority
 from npumanager.vendor_drivers.realexec.session import Call, background_from
-from npumanager.vendor_drivers.realexec.work import Model, Work, effective_priority
+from npumanager.vendor_drivers.realexec.work import (
+    Model,
+    SyncOutcome,
+    Work,
+    WorkFuture,
+    effective_priority,
+)
 
 REQUESTED, STARTED, ENDED = int(EventKind.REQUESTED), int(EventKind.STARTED), int(EventKind.ENDED)
 INITIAL, RESUMED = int(StartReason.INITIAL), int(StartReason.RESUMED)
@@ -249,6 +255,8 @@ class Channels(DriverBase):
                 sched = self._scheds[device]
                 if outputs is None and work.stopping:  # made room: back in line, from the start
                     work.stopping, work.restarts = False, work.restarts + 1
+                    if type(work.future) is SyncOutcome:  # a worker ends it: a real future
+                        work.future = WorkFuture(work_id, self, False)
                     sched.stop(work, t, requeue=True)
                     self._event(ENDED, PAUSED, work, t)
                     self._wake(device)

@@ -31,7 +31,12 @@ from npumanager.vendor_drivers.realexec.channels import (
     ExecutionError,
 )
 from npumanager.vendor_drivers.realexec.session import check_feeds
-from npumanager.vendor_drivers.realexec.work import Work, WorkFuture, priority_and_permission
+from npumanager.vendor_drivers.realexec.work import (
+    SyncOutcome,
+    Work,
+    WorkFuture,
+    priority_and_permission,
+)
 
 
 class Submission(Channels):
@@ -79,12 +84,14 @@ class Submission(Channels):
         keep: bool = False,
         inline: bool = False,
         inline_background: bool = True,
-    ) -> WorkFuture:
+        sync: bool = False,
+    ) -> WorkFuture | SyncOutcome:
         """Queue one inference; a future of its outputs (`cancel()` cancels the work).
         `inline`: if it is next in line and a channel is free, it takes the channel now and
         `outputs` (or `run_admitted`) runs it on the calling thread; with
         `inline_background` False, background work is left to the workers (their lower OS
-        priority) all the same."""
+        priority) all the same. `sync` (with `inline`): only the calling thread waits, with
+        `outputs` and no timeout; work it runs itself then needs no `WorkFuture`."""
         self._check_open()
         uid, original, job_priority, gid, debug_pid = _checked(
             uid, original_uid, job_priority, group_id, debug_pid, feature_id
@@ -112,7 +119,9 @@ class Submission(Channels):
             work_id, device = self._next_work, entry.device
             self._next_work += 1
             priority, allowed = priority_and_permission(self._configs, uid, original, job_priority)
-            future = WorkFuture(work_id, self, keep)
+            future: WorkFuture | SyncOutcome = (
+                SyncOutcome(work_id, self) if sync and inline else WorkFuture(work_id, self, keep)
+            )
             work = Work(
                 id=work_id,
                 uid=uid,
@@ -150,6 +159,8 @@ class Submission(Channels):
                 if choice is work:  # next in line, before any held-back background work
                     channel = self._inline_channel(work)
                 if channel is None:
+                    if type(future) is SyncOutcome:  # the workers run it: a real future
+                        work.future = future = WorkFuture(work_id, self, keep)
                     self._wake(device)
                     self._preempt(device)
                     return future
@@ -184,18 +195,26 @@ class Submission(Channels):
         """Run one inference and return its outputs (`submit_future(inline=True)`, then
         `outputs`)."""
         future = self.submit_future(
-            model, uid=uid, inputs=inputs, job_priority=job_priority, inline=True, **details
+            model,
+            uid=uid,
+            inputs=inputs,
+            job_priority=job_priority,
+            inline=True,
+            sync=timeout is None,
+            **details,
         )
         return self.outputs(future, timeout)
 
-    def run_admitted(self, future: WorkFuture) -> None:
+    def run_admitted(self, future: WorkFuture | SyncOutcome) -> None:
         """Run work that `submit_future(inline=True)` put on a channel here, on the calling
         thread, and end it as it went (its future says how); nothing if it took none."""
         work, future.inline = future.inline, None
         if work is not None:
             self._execute(work)
 
-    def outputs(self, future: WorkFuture, timeout: float | None = None) -> list[np.ndarray]:
+    def outputs(
+        self, future: WorkFuture | SyncOutcome, timeout: float | None = None
+    ) -> list[np.ndarray]:
         """The outputs of submitted work. Work submitted `inline` that took a channel runs
         here, on the calling thread (no hand-over to a worker). After `timeout` seconds the
         work is cancelled and `TimeoutError` raised."""
@@ -204,7 +223,8 @@ class Submission(Channels):
             return _waited(future, timeout)
         if timeout is None:
             done = self._execute(work)
-            return done if done is not None else future.result()
+            # stopped to make room, sync work waits for a worker on a `WorkFuture` after all
+            return done if done is not None else work.future.result()
         deadline = time.monotonic() + timeout
         fired: list[bool] = []
 
@@ -252,7 +272,7 @@ def _checked(
     return uid, original, job_priority, gid, debug_pid
 
 
-def _waited(future: WorkFuture, timeout: float | None) -> list[np.ndarray]:
+def _waited(future: WorkFuture | SyncOutcome, timeout: float | None) -> list[np.ndarray]:
     """The future's outputs; after `timeout` seconds the work is cancelled and
     `TimeoutError` raised."""
     try:

@@ -9,8 +9,8 @@ uid schedules by that uid's config.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from concurrent.futures import Future, InvalidStateError
+from collections.abc import Callable, Mapping
+from concurrent.futures import CancelledError, Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -65,6 +65,25 @@ def priority_and_permission(
     return config.app_priority + config.clamp_job_priority(job_priority), allowed
 
 
+class _Outcome(Protocol):
+    work_id: int
+
+    def done(self) -> bool: ...
+    def cancelled(self) -> bool: ...
+
+
+def _cancel(outcome: _Outcome, driver: _Canceller) -> bool:
+    """Cancel live work through the driver: True if it ended CANCELLED_USER now, False if
+    it had ended (before, or while this ran)."""
+    if outcome.done():
+        return outcome.cancelled()
+    try:
+        driver.cancel(outcome.work_id)
+    except LookupError:
+        return outcome.cancelled()
+    return True
+
+
 class WorkFuture(Future[list[np.ndarray]]):
     """The outputs of one inference; `cancel()` cancels the work in the driver, queued or
     running (the runtime's own cancel), and `work_id` names it in the events."""
@@ -79,13 +98,7 @@ class WorkFuture(Future[list[np.ndarray]]):
 
     def cancel(self) -> bool:
         """Cancel the work: True if it ended CANCELLED_USER now, False if it had ended."""
-        if self.done():
-            return self.cancelled()
-        try:
-            self._driver.cancel(self.work_id)
-        except LookupError:
-            return self.cancelled()
-        return True
+        return _cancel(self, self._driver)
 
     def cancelled_by_driver(self) -> None:
         """The driver ended the work cancelled (by the client, a revoke or an unload)."""
@@ -105,7 +118,77 @@ class WorkFuture(Future[list[np.ndarray]]):
             self.set_exception(error)
 
 
-@dataclass(eq=False, kw_only=True)
+class SyncOutcome:
+    """How work ended that only its submitting thread waits for (`submit_future(sync=True)`,
+    then `outputs` with no timeout): what a `WorkFuture` records, without the lock and
+    condition that let other threads wait on one."""
+
+    __slots__ = ("_callbacks", "_driver", "_error", "_outputs", "inline", "keep", "work_id")
+
+    def __init__(self, work_id: int, driver: _Canceller) -> None:
+        self.work_id = work_id
+        self.keep = False
+        self.inline: Any = None
+        self._driver = driver
+        self._outputs: list[np.ndarray] | None = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Any], object]] | None = None
+
+    def cancel(self) -> bool:
+        """Cancel the work: True if it ended CANCELLED_USER now, False if it had ended."""
+        return _cancel(self, self._driver)
+
+    def cancelled(self) -> bool:
+        """True if the work ended cancelled."""
+        return isinstance(self._error, CancelledError)
+
+    def done(self) -> bool:
+        """True once the work ended."""
+        return self._outputs is not None or self._error is not None
+
+    def add_done_callback(self, fn: Callable[[Any], object]) -> None:
+        """Call `fn(self)` once the work ended (at once if it has)."""
+        if self.done():
+            fn(self)
+        elif self._callbacks is None:
+            self._callbacks = [fn]
+        else:
+            self._callbacks.append(fn)
+
+    def cancelled_by_driver(self) -> None:
+        """The driver ended the work cancelled."""
+        if not self.done():
+            self._error = CancelledError()
+            self._ended()
+
+    def succeed(self, outputs: list[np.ndarray]) -> None:
+        """The inference completed with `outputs`."""
+        if not self.done():
+            self._outputs = outputs
+            self._ended()
+
+    def fail(self, error: BaseException) -> None:
+        """The inference failed (or was refused)."""
+        if not self.done():
+            self._error = error
+            self._ended()
+
+    def _ended(self) -> None:
+        callbacks, self._callbacks = self._callbacks, None
+        for fn in callbacks or ():
+            fn(self)
+
+    def result(self, timeout: float | None = None) -> list[np.ndarray]:
+        """The outputs, or the work's failure or cancellation raised (it has ended: its
+        thread ran it or saw it end; it never waits)."""
+        if self._error is not None:
+            raise self._error
+        if self._outputs is None:
+            raise RuntimeError(f"work {self.work_id} has not ended")  # never: see `outputs`
+        return self._outputs
+
+
+@dataclass(eq=False, slots=True, kw_only=True)
 class Work(Job):
     """One live inference."""
 
@@ -117,7 +200,7 @@ class Work(Job):
     feature_id: str | None
     debug_pid: int
     feeds: dict[str, np.ndarray] | None
-    future: WorkFuture
+    future: WorkFuture | SyncOutcome
     call: Call | None = None
     stopping: bool = False
     """Being stopped to make room (restart preemption): it goes back to the queue."""
@@ -139,6 +222,7 @@ class Model:
 __all__ = [
     "Any",
     "Model",
+    "SyncOutcome",
     "Work",
     "WorkFuture",
     "effective_priority",
