@@ -179,3 +179,29 @@ def test_a_run_on_the_callers_thread_ended_by_another_thread_raises_how_it_ended
         expected = CancelledError if end == "cancel" else ExecutionError
         assert len(outcome) == 1 and isinstance(outcome[0], expected), outcome
         assert d.run_inference(model, uid=10, inputs=d.timed_inputs(model, 1))[0].size > 0
+
+
+def test_work_submitted_after_a_config_change_takes_the_new_priority_and_permission() -> None:
+    """The driver keeps each (uid, original uid, job priority)'s priority and permission
+    worked out, for as long as the configs stay the same, and not a moment longer."""
+    from npumanager.errors import ExecutionError
+
+    with OnnxRuntimeDriver() as d:
+        model = d.load_timed_model()
+        inputs = d.timed_inputs(model, 1)
+
+        def started_priority() -> int:
+            d.run_inference(model, uid=10, inputs=inputs, job_priority=3)
+            d.run_until_idle()
+            (started,) = [e for e in d.take_events() if e.kind == EventKind.STARTED]
+            return started.effective_priority
+
+        d.set_scheduling_configs([SchedulingConfig(uid=10, app_priority=100, max_priority=5)])
+        assert started_priority() == 103
+        d.update_scheduling_configs([SchedulingConfig(uid=10, app_priority=300, max_priority=2)])
+        assert started_priority() == 302
+        d.set_scheduling_configs(
+            [SchedulingConfig(uid=10, app_priority=300, has_direct_access=False)]
+        )
+        with pytest.raises(ExecutionError, match="may not run"):
+            d.run_inference(model, uid=10, inputs=inputs, job_priority=3)

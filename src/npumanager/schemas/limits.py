@@ -270,6 +270,9 @@ foreground first when cores are short. 0 leaves them at the process's priority."
 REAL_UNKNOWN_CONFIGS_KEPT: Final = 256
 """Scheduling configs of unconfigured uids a real driver keeps built (it is pydantic, and
 such a uid's every submission needs one)."""
+REAL_PRIORITIES_KEPT: Final = 4096
+"""(uid, original uid, job priority) whose effective priority and permission a real driver
+keeps worked out while the configs stay the same."""
 MAX_NICE: Final = 19
 """The largest `nice` value on Linux: the least CPU priority a thread can have."""
 REAL_DEMO_SECONDS: Final = 4.0

@@ -13,6 +13,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -114,8 +115,14 @@ class Channels(DriverBase):
         self._used = [0] * len(self.specs)
         self._models: dict[int, Model] = {}
         self._work: dict[int, Work] = {}
-        self._events: list[WorkEvent] = []
+        self._events: list[tuple[int, int, int, int, tuple[Any, ...]]] = []
+        """Events as (kind, reason, effective priority, t_us, the work's `head`): made into
+        `WorkEvent`s by `pump`, off the path of the work."""
         self._results: OrderedDict[int, list[np.ndarray]] = OrderedDict()
+        self._priorities: dict[tuple[int, int, int], tuple[int, bool]] = {}
+        """`priority_and_permission` by (uid, original uid, job priority), under the
+        configs `_priorities_of`; emptied when the configs change."""
+        self._priorities_of: Mapping[int, SchedulingConfig] | None = None
         self._next_work = 1
         self._next_model = 1
         self._busy = 0
@@ -385,19 +392,20 @@ class Channels(DriverBase):
 
     def _event(self, kind: int, reason: int, work: Work, t: int) -> None:
         """Record an event (`kind` and `reason` plain ints: `STARTED`, `INITIAL`, ...)."""
-        self._events.append(
-            _new_event(WorkEvent, (
-                kind, reason, work.id, work.group_id, work.uid, work.debug_pid,
-                work.original_uid, work.feature_id, work.job_priority,
-                work.effective_priority, t // 1000, work.device, t, work.model,
-            ))
-        )  # fmt: skip
+        self._events.append((kind, reason, work.effective_priority, t, work.head))
 
     def pump(self) -> None:
         """Hand the events since the last call to the callback (or keep them)."""
         with self._pump_lock:
             with self._lock:
-                events, self._events = self._events, []
+                raw, self._events = self._events, []
+            events = [
+                _new_event(WorkEvent, (
+                    kind, reason, h[0], h[1], h[2], h[3], h[4], h[5], h[6],
+                    priority, t // 1000, h[7], t, h[8],
+                ))
+                for kind, reason, priority, t, h in raw
+            ]  # fmt: skip
             self._hand_over(events, self.now_us)
 
     def take_events(self) -> list[WorkEvent]:

@@ -22,7 +22,13 @@ import numpy as np
 from npumanager.checks import GroupId, check_int, group_bytes
 from npumanager.core.events import NO_REASON
 from npumanager.errors import IllegalArgumentError, UnknownModelError
-from npumanager.schemas.limits import INT32_MAX, INT32_MIN, MAX_PRIORITY, MIN_PRIORITY
+from npumanager.schemas.limits import (
+    INT32_MAX,
+    INT32_MIN,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    REAL_PRIORITIES_KEPT,
+)
 from npumanager.vendor_drivers.realexec.channels import (
     ENDED,
     FAILED,
@@ -118,7 +124,7 @@ class Submission(Channels):
             feeds = check_feeds(entry.session.inputs, inputs)
             work_id, device = self._next_work, entry.device
             self._next_work += 1
-            priority, allowed = priority_and_permission(self._configs, uid, original, job_priority)
+            priority, allowed = self._priority_and_permission(uid, original, job_priority)
             future: WorkFuture | SyncOutcome = (
                 SyncOutcome(work_id, self) if sync and inline else WorkFuture(work_id, self, keep)
             )
@@ -135,6 +141,17 @@ class Submission(Channels):
                 debug_pid=debug_pid,
                 feeds=feeds,
                 future=future,
+                head=(
+                    work_id,
+                    gid,
+                    uid,
+                    debug_pid,
+                    original,
+                    feature_id,
+                    job_priority,
+                    device,
+                    model,
+                ),
             )
             t = (time.monotonic_ns() - self._t0) // 1000  # now_us
             self._event(REQUESTED, NO_REASON, work, t)
@@ -170,6 +187,24 @@ class Submission(Channels):
             self._preempt(device)  # shared_cores: background work beside it stops
             future.inline = work
             return future
+
+    def _priority_and_permission(
+        self, uid: int, original: int, job_priority: int
+    ) -> tuple[int, bool]:
+        """`priority_and_permission` under the configs in force, kept while they are (lock
+        held)."""
+        configs, known = self._configs, self._priorities
+        if self._priorities_of is not configs:
+            self._priorities_of, known = configs, {}
+            self._priorities = known
+        key = (uid, original, job_priority)
+        found = known.get(key)
+        if found is None:
+            found = priority_and_permission(configs, uid, original, job_priority)
+            if len(known) >= REAL_PRIORITIES_KEPT:
+                known.clear()
+            known[key] = found
+        return found
 
     def _inline_channel(self, work: Work) -> int | None:
         """The free channel new work may take at once, being next in line (lock held): the

@@ -201,6 +201,9 @@ class Work(Job):
     debug_pid: int
     feeds: dict[str, np.ndarray] | None
     future: WorkFuture | SyncOutcome
+    head: tuple[Any, ...] = ()
+    """What its events say of it besides kind, reason, priority and time: (id, group_id,
+    uid, debug_pid, original_uid, feature_id, job_priority, device, model)."""
     call: Call | None = None
     stopping: bool = False
     """Being stopped to make room (restart preemption): it goes back to the queue."""
