@@ -65,7 +65,7 @@ def default_config(uid: int) -> SchedulingConfig:
     return SchedulingConfig(uid=uid, app_priority=UNKNOWN_UID_PRIORITY)
 
 
-@dataclass(eq=False, slots=True, kw_only=True)
+@dataclass(eq=False, kw_only=True)
 class Work(Job):
     """One live piece of work."""
 
