@@ -205,3 +205,20 @@ def test_work_submitted_after_a_config_change_takes_the_new_priority_and_permiss
         )
         with pytest.raises(ExecutionError, match="may not run"):
             d.run_inference(model, uid=10, inputs=inputs, job_priority=3)
+
+
+def test_a_sync_outcome_calls_its_done_callbacks_once_as_a_future_would() -> None:
+    """`SyncOutcome` is a `WorkHandle`: a callback added before the end runs at the end,
+    once; one added after runs at once; a second end changes nothing."""
+    from npumanager.vendor_drivers.realexec.work import SyncOutcome
+
+    with OnnxRuntimeDriver() as d:
+        outcome = SyncOutcome(7, d)
+        seen: list[tuple[str, Any]] = []
+        outcome.add_done_callback(lambda o: seen.append(("before", o.result())))
+        assert not outcome.done() and seen == []
+        outcome.succeed(["out"])
+        outcome.fail(RuntimeError("late"))
+        outcome.add_done_callback(lambda o: seen.append(("after", o.result())))
+        assert seen == [("before", ["out"]), ("after", ["out"])]
+        assert outcome.done() and not outcome.cancelled()

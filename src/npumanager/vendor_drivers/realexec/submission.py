@@ -141,17 +141,6 @@ class Submission(Channels):
                 debug_pid=debug_pid,
                 feeds=feeds,
                 future=future,
-                head=(
-                    work_id,
-                    gid,
-                    uid,
-                    debug_pid,
-                    original,
-                    feature_id,
-                    job_priority,
-                    device,
-                    model,
-                ),
             )
             t = (time.monotonic_ns() - self._t0) // 1000  # now_us
             self._event(REQUESTED, NO_REASON, work, t)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from concurrent.futures import CancelledError, Future, InvalidStateError
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -201,13 +201,20 @@ class Work(Job):
     debug_pid: int
     feeds: dict[str, np.ndarray] | None
     future: WorkFuture | SyncOutcome
-    head: tuple[Any, ...] = ()
+    head: tuple[Any, ...] = field(init=False, repr=False)
     """What its events say of it besides kind, reason, priority and time: (id, group_id,
-    uid, debug_pid, original_uid, feature_id, job_priority, device, model)."""
+    uid, debug_pid, original_uid, feature_id, job_priority, device, model), fixed for its
+    life and so built once."""
     call: Call | None = None
     stopping: bool = False
     """Being stopped to make room (restart preemption): it goes back to the queue."""
     restarts: int = 0
+
+    def __post_init__(self) -> None:
+        self.head = (
+            self.id, self.group_id, self.uid, self.debug_pid, self.original_uid,
+            self.feature_id, self.job_priority, self.device, self.model,
+        )  # fmt: skip
 
 
 @dataclass(eq=False)
