@@ -26,6 +26,7 @@ from onnx import TensorProto, helper
 import npumanager as npu
 import test_daemon_inference as inference
 from daemon_support import FOREGROUND_UID, DaemonProcess
+from npumanager.daemon import client_lane, remote_inference
 from npumanager.daemon import protocol as p
 from npumanager.daemon.lane import REFUSAL_PAUSE_S
 from npumanager.daemon.lane_frames import (
@@ -58,7 +59,13 @@ pytestmark = pytest.mark.skipif(
 
 def counters(daemon: DaemonProcess) -> dict[str, int]:
     document = info(daemon)["daemon"]
-    keys = ("inferences_on_lane", "inferences_inline", "inferences_to_workers", "lanes_opened")
+    keys = (
+        "inferences_on_lane",
+        "inferences_inline",
+        "inferences_to_workers",
+        "lanes_opened",
+        "lane_frames_repeated",
+    )
     return {key: document[key] for key in keys}
 
 
@@ -513,3 +520,56 @@ def test_a_run_on_the_lane_when_the_daemon_dies_raises_daemon_unavailable(
         assert "closed the inference lane" in str(raised[0])
     finally:
         raw.close()
+
+
+def test_runs_like_the_last_reuse_its_frames_yet_each_reads_its_own_inputs(
+    start: Callable[..., DaemonProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client makes and reads a lane frame once for runs like the last, and the daemon
+    takes a frame byte for byte its last as that request again: every run still reads its
+    own inputs and returns outputs of its own."""
+    made: list[int] = []
+    read: list[int] = []
+    encode, decode = remote_inference.encode_request, client_lane.decode_reply
+    monkeypatch.setattr(
+        remote_inference, "encode_request", lambda *a, **k: made.append(1) or encode(*a, **k)
+    )
+    monkeypatch.setattr(client_lane, "decode_reply", lambda *a: read.append(1) or decode(*a))
+    daemon = start()
+    raw = RawApp(daemon)
+    try:
+        model = raw.granted_model(model=doubling_model())
+        kept = []
+        for value in (0.5, 1.5, 0.5, -2.0):
+            x = np.full((4, 256), value, dtype=np.float32)
+            [y] = model.run({"x": x})
+            assert np.array_equal(y, np.concatenate([x, x]))
+            kept.append(y)
+        assert (len(made), len(read)) == (1, 1), "one frame made and one reply read for four runs"
+        assert counters(daemon)["lane_frames_repeated"] == 3
+        assert [float(y[0, 0]) for y in kept] == [0.5, 1.5, 0.5, -2.0], "outputs are their own"
+        shared = raw.manager.shared_array((4, 256))
+        for value in (3.0, 4.0):
+            shared[:] = value  # the same frame again: the array is read as it is now
+            assert np.array_equal(model.run({"x": shared})[0], np.full((8, 256), value))
+        assert counters(daemon)["lane_frames_repeated"] == 4
+        x = np.arange(2 * 256, dtype=np.float32).reshape(2, 256)  # another shape: a new frame
+        assert np.array_equal(model.run({"x": x})[0], np.concatenate([x, x]))
+        assert len(made) == 3
+        assert counters(daemon)["lane_frames_repeated"] == 4
+    finally:
+        raw.close()
+
+
+def test_a_frame_sent_again_after_its_model_was_unloaded_is_refused(
+    raw_lane: tuple[DaemonProcess, RawApp, RawLane, npu.LoadedModel],
+) -> None:
+    """A frame the lane took before is checked again for what may have changed: its model."""
+    daemon, raw, lane, model = raw_lane
+    frame = infer_frame(x_ref())(model.handle)
+    assert lane.send(frame).status == Status.COMPLETED
+    assert lane.send(frame).status == Status.COMPLETED
+    assert counters(daemon)["lane_frames_repeated"] == 1
+    raw.manager.listener.notify_model_unloaded(model.request)
+    reply = lane.send(frame)
+    assert (reply.status, reply.kind) == (Status.REFUSED, "UnknownModelError")

@@ -258,6 +258,11 @@ class LocalBackend:
             d.requests.work_submitted(future.work_id, model)
             return future
 
+    def outputs(self, handle: WorkHandle) -> list[Any]:
+        """The outputs of work `submit_inference` returned, run here first when it took a
+        channel (`inline`); its failure or cancellation raised."""
+        return self._real_driver().outputs(handle, None)
+
     def run_admitted(self, handle: WorkHandle) -> None:
         """Run here, outside the service lock, work `submit_inference(inline=True)` put on
         a channel; nothing if it took none."""

@@ -5,6 +5,11 @@ frame and reads the reply itself: no reader thread between it and the daemon. On
 uses the lane at a time; a second caller meanwhile, a run with a timeout and `submit`
 take the connection's own path. A lane interrupted mid-exchange (a signal, a dropped
 daemon) is closed for good, and the connection's path serves from then on.
+
+A run like the last one (the same model and priority, inputs of the same names, dtypes and
+shapes, in the same places) sends the last frame again (`Sent`), and a reply that differs
+from the last one only in its work id is read as that one was (`Answered`): the frames
+are made and decoded once, not at every run.
 """
 
 from __future__ import annotations
@@ -12,13 +17,45 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from typing import Any, NamedTuple
 
-from npumanager.daemon.lane_frames import MAX_LANE_FRAME_BYTES, Reply, decode_reply
+import numpy as np
+
+from npumanager.daemon.lane_frames import (
+    MAX_LANE_FRAME_BYTES,
+    REPLY,
+    Reply,
+    Status,
+    decode_reply,
+)
 from npumanager.daemon.shared_memory import ClientSegment
 from npumanager.daemon.tensors import aligned
 from npumanager.errors import DaemonUnavailableError, IllegalArgumentError
 
 _TRUNCATED = int(socket.MSG_TRUNC)
+_WORK_ID_AT = REPLY.size - 16
+"""Where a reply's work id lies in its header; the 8 bytes after it are the held bytes."""
+
+
+class Sent(NamedTuple):
+    """The lane's last inference request: what it was made of (`key`), the region it
+    used, its frame, and the arrays its copied inputs went into with their index."""
+
+    key: tuple[Any, ...]
+    base: int
+    room: int
+    frame: bytes
+    copies: list[tuple[np.ndarray, int]]
+
+
+class Answered(NamedTuple):
+    """The lane's last completed reply, less its work id, as decoded, with the arrays
+    over its outputs in the segment (filled in by the first run that copies them out)."""
+
+    head: bytes
+    tail: bytes
+    reply: Reply
+    views: list[np.ndarray]
 
 
 class ClientLane:
@@ -30,6 +67,8 @@ class ClientLane:
         self._buffer = bytearray(MAX_LANE_FRAME_BYTES)
         self._region = (0, 0)
         """The lane's own region of the segment, as (offset, size), kept from run to run."""
+        self.sent: Sent | None = None
+        self.answered: Answered | None = None
         self.open = True
 
     def try_take(self) -> bool:
@@ -64,15 +103,29 @@ class ClientLane:
         if size == 0 and not flags & _TRUNCATED:
             self.close()
             raise DaemonUnavailableError("the daemon closed the inference lane")
+        buffer, answered = self._buffer, self.answered
+        if (
+            answered is not None
+            and not flags & _TRUNCATED
+            and buffer[:_WORK_ID_AT] == answered.head
+            and buffer[_WORK_ID_AT + 8 : size] == answered.tail
+        ):
+            work_id = int.from_bytes(buffer[_WORK_ID_AT : _WORK_ID_AT + 8], "little", signed=True)
+            return answered.reply._replace(work_id=work_id)
         try:
             if flags & _TRUNCATED:
                 raise IllegalArgumentError("the daemon's lane reply is over the lane's limit")
-            return decode_reply(memoryview(self._buffer)[:size])
+            reply = decode_reply(memoryview(buffer)[:size])
         except IllegalArgumentError as exc:
             self.close()
             raise DaemonUnavailableError(
                 f"the daemon sent an unreadable lane reply: {exc}"
             ) from None
+        self.answered = None
+        if reply.status == Status.COMPLETED:
+            head, tail = bytes(buffer[:_WORK_ID_AT]), bytes(buffer[_WORK_ID_AT + 8 : size])
+            self.answered = Answered(head, tail, reply, [])
+        return reply
 
     def close(self) -> None:
         """Close the lane; the connection's own path serves from now on."""

@@ -31,11 +31,15 @@ def arrays(inputs: Mapping[str, Any]) -> Arrays:
     return arrays
 
 
-def placement(segment: ClientSegment, arrays: Arrays) -> tuple[list[tuple[bool, int]], int]:
+def placement(
+    segment: ClientSegment, arrays: Arrays, in_place: list[int | None] | None = None
+) -> tuple[list[tuple[bool, int]], int]:
     """Where each input goes: (True, its offset in the segment) when it lies there already
     (a `shared_array`: read in place), else (False, its offset in the region it is copied
-    to); and the bytes the copies need."""
-    in_place = [segment.offset_of(array) for _, _, array in arrays]
+    to); and the bytes the copies need. `in_place`: each one's `segment.offset_of`, if
+    known."""
+    if in_place is None:
+        in_place = [segment.offset_of(array) for _, _, array in arrays]
     copied = [array for (_, _, array), at in zip(arrays, in_place, strict=True) if at is None]
     offsets, size = tensors.layout(copied)
     relative = iter(offsets)

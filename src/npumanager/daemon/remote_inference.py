@@ -26,7 +26,7 @@ from npumanager.checks import GroupId, group_bytes
 from npumanager.core.client import LoadedModel
 from npumanager.daemon import client_tensors, tensors
 from npumanager.daemon import protocol as p
-from npumanager.daemon.client_lane import ClientLane
+from npumanager.daemon.client_lane import ClientLane, Sent
 from npumanager.daemon.lane_frames import (
     MAX_LANE_FRAME_BYTES,
     Kind,
@@ -256,20 +256,50 @@ class RemoteInference:
         """The run over the lane; None if its frame would be over the lane's limit."""
         arrays = client_tensors.arrays(inputs)
         segment = self.segment()
-        places, in_size = client_tensors.placement(segment, arrays)
+        spots = [segment.offset_of(array) for _, _, array in arrays]
+        key = (model.handle, job_priority, *[(n, d, a.shape) for n, d, a in arrays], *spots)
+        sent = lane.sent
+        if sent is not None and sent.key == key:
+            room = max(sent.room, self._out_bytes.get(model.handle, _DEFAULT_OUT_BYTES))
+            if room == sent.room and lane.region(segment, room, self._wire.timeout_s) == sent.base:
+                for place, index in sent.copies:
+                    np.copyto(place, arrays[index][2])
+                return self._lane_reply(lane, lane.exchange(sent.frame), model.handle, segment)
+        lane.sent = None
+        places, in_size = client_tensors.placement(segment, arrays, spots)
         room = max(in_size, self._out_bytes.get(model.handle, _DEFAULT_OUT_BYTES))
         base = lane.region(segment, room, self._wire.timeout_s)
         refs = [TensorRef(*ref) for ref in client_tensors.written(segment, arrays, places, base)]
         request = encode_request(Kind.INFER, model.handle, job_priority, (base, room), refs)
         if len(request) > MAX_LANE_FRAME_BYTES:
             return None
-        reply = lane.exchange(request)
+        copies = [
+            (tensors.view(segment.memory, ref.dtype, ref.shape, ref.offset), index)
+            for index, (ref, (in_place, _)) in enumerate(zip(refs, places, strict=True))
+            if not in_place
+        ]
+        lane.sent = Sent(key, base, room, request, copies)
+        return self._lane_reply(lane, lane.exchange(request), model.handle, segment)
+
+    def _lane_reply(
+        self, lane: ClientLane, reply: Reply, model: int, segment: ClientSegment
+    ) -> list[np.ndarray]:
+        """The outputs of a lane reply, fetched first when the daemon held them."""
         if reply.status == Status.HELD:
             need = reply.held_bytes
-            self._out_bytes[model.handle] = max(self._out_bytes.get(model.handle, 0), need)
+            self._out_bytes[model] = max(self._out_bytes.get(model, 0), need)
             base = lane.region(segment, need, self._wire.timeout_s)
             reply = lane.exchange(encode_request(Kind.FETCH, 0, 0, (base, need)))
-        return self._lane_outputs(reply, model.handle, segment)
+        answered = lane.answered
+        if answered is not None and reply.outputs is answered.reply.outputs and answered.views:
+            return [view.copy() for view in answered.views]
+        outputs = self._lane_outputs(reply, model, segment)
+        if answered is not None and reply.outputs is answered.reply.outputs:
+            answered.views.extend(
+                tensors.view(segment.memory, ref.dtype, ref.shape, ref.offset)
+                for ref in reply.outputs
+            )
+        return outputs
 
     def _lane_outputs(self, reply: Reply, model: int, segment: ClientSegment) -> list[np.ndarray]:
         """A lane reply's outputs copied out, or its error raised with its class."""

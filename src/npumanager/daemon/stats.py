@@ -32,6 +32,8 @@ class DaemonStats:
         self.inferences_on_lane = 0
         """Inferences asked for on a connection's lane (`daemon.lane`), wherever they ran."""
         self.lanes_opened = 0
+        self.lane_frames_repeated = 0
+        """Lane requests byte for byte the lane's last one, taken as it was (`daemon.lane`)."""
 
     def as_dict(self) -> dict[str, Any]:
         """Every counter, and the uptime in seconds."""
