@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from npumanager import errors
-from npumanager.checks import group_bytes
+from npumanager.checks import check_int, group_bytes
 from npumanager.core.client import (
     Delivery,
     LoadedModel,
@@ -47,6 +47,8 @@ from npumanager.schemas.limits import (
     DEFAULT_CALL_TIMEOUT_S,
     DEFAULT_CLIENT_SHARED_BYTES,
     DEFAULT_INFO_LIMIT,
+    DEFAULT_LANE_SPIN_US,
+    MAX_LANE_SPIN_US,
 )
 
 log = logging.getLogger(__name__)
@@ -64,12 +66,14 @@ class DaemonClient(WireClient):
         uses_feature: bool = False,
         timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
         shared_bytes: int = DEFAULT_CLIENT_SHARED_BYTES,
+        lane_spin_us: int = DEFAULT_LANE_SPIN_US,
     ) -> None:
+        spin = check_int("lane_spin_us", lane_spin_us, 0, MAX_LANE_SPIN_US)
         super().__init__(socket_path, uses_feature=uses_feature, timeout_s=timeout_s)
         self._remote: dict[int, Delivery] = {}
         self._stats = DeliveryStats()
         self._dispatcher: ThreadPoolExecutor | None = None
-        self._inference = RemoteInference(self, shared_bytes)
+        self._inference = RemoteInference(self, shared_bytes, spin)
         welcome = self.welcome
         self.uid = welcome.uid
         self.pid = welcome.pid
@@ -314,15 +318,22 @@ def connect(
     uses_feature: bool = False,
     timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
     shared_bytes: int = DEFAULT_CLIENT_SHARED_BYTES,
+    lane_spin_us: int = DEFAULT_LANE_SPIN_US,
 ) -> NpuManager:
     """An `NpuManager` served by the daemon on `socket_path` (default: the per-user socket).
 
     The daemon knows the caller by the kernel's credentials of the connection. Close the
     manager (or use it as a context manager) to leave; its requests then end. Real
     inference (`load_model(path=...)`, `LoadedModel.run`) moves tensors through a shared
-    segment of `shared_bytes`, made on first use.
+    segment of `shared_bytes`, made on first use. While `run`'s replies come within
+    `lane_spin_us` microseconds, the caller polls for them that long before it sleeps
+    (quicker answers for up to that much CPU a run; 0: always sleep).
     """
     client = DaemonClient(
-        socket_path, uses_feature=uses_feature, timeout_s=timeout_s, shared_bytes=shared_bytes
+        socket_path,
+        uses_feature=uses_feature,
+        timeout_s=timeout_s,
+        shared_bytes=shared_bytes,
+        lane_spin_us=lane_spin_us,
     )
     return client.manager()

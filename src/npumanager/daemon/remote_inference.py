@@ -108,9 +108,10 @@ class _Flight:
 class RemoteInference:
     """The client's real-inference state: its segment, and its inferences in flight."""
 
-    def __init__(self, wire: _Wire, shared_bytes: int) -> None:
+    def __init__(self, wire: _Wire, shared_bytes: int, lane_spin_us: int = 0) -> None:
         self._wire = wire
         self.shared_bytes = shared_bytes
+        self.lane_spin_us = lane_spin_us
         self._segment: ClientSegment | None = None
         self._lock = threading.Lock()
         self._flights: dict[int, _Flight] = {}
@@ -153,7 +154,7 @@ class RemoteInference:
             return None
         finally:
             theirs.close()
-        return ClientLane(mine)
+        return ClientLane(mine, self.lane_spin_us)
 
     def shared_array(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """A new array over its own region of the segment, read in place by inferences."""

@@ -174,6 +174,10 @@ DEFAULT_MAX_SHARED_BYTES: Final = 256 << 20
 DEFAULT_CLIENT_SHARED_BYTES: Final = 64 << 20
 """The segment a daemon client makes for its tensors unless told (pages cost nothing until
 touched)."""
+DEFAULT_LANE_SPIN_US: Final = 200
+"""How long a client polls its lane for a reply before it sleeps in `recv`, while the lane's
+replies have been coming within that (`connect(lane_spin_us=...)`; 0: never poll)."""
+MAX_LANE_SPIN_US: Final = 10_000
 DEFAULT_MAX_INFERENCES_PER_CONNECTION: Final = 256
 """Inferences one daemon connection may have in flight (with the per-uid connection cap,
 one uid cannot fill the driver's live work)."""
