@@ -27,7 +27,7 @@ rounds of per-round percentiles.
   foreground p99 managed against solo (target: within 1.5x).
 
 Usage: python benchmarks/ipc.py [--json] [--quick] [--samples N] [--rounds R] [--deaths D]
-       [--infer-samples N] [--seconds S]
+       [--infer-samples N] [--seconds S] [--example-rounds E]
 """
 
 from __future__ import annotations
@@ -326,7 +326,12 @@ def idle_flood_rounds(tmp: str, samples: int, rounds: int) -> dict[str, list[tup
 
 
 def measure(
-    samples: int, rounds: int, trials: int, infer_samples: int, seconds: float
+    samples: int,
+    rounds: int,
+    trials: int,
+    infer_samples: int,
+    seconds: float,
+    example_rounds: int = 3,
 ) -> dict[str, Any]:
     """Latency rounds, the death trials and real inference; medians of the per-round p50
     and p99."""
@@ -346,8 +351,8 @@ def measure(
             daemon.wait(10)
     progress.step(f"inference through the daemon vs in process, {rounds} rounds")
     inference = ipc_inference.overhead(infer_samples, rounds)
-    progress.step(f"the two-process example, 3 runs of {seconds:g} s")
-    inference |= ipc_inference.two_processes(seconds)
+    progress.step(f"the two-process example, {example_rounds} rounds of 3 runs of {seconds:g} s")
+    inference |= ipc_inference.two_processes(seconds, example_rounds)
     progress.done()
 
     def med(name: str, index: int) -> float:
@@ -388,11 +393,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deaths", type=int, default=20, help="kill -9 trials")
     parser.add_argument("--infer-samples", type=int, default=500, help="inferences per round")
     parser.add_argument("--seconds", type=float, default=3.0, help="each two-process run")
+    parser.add_argument(
+        "--example-rounds", type=int, default=3, help="rounds of the two-process example"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.samples, args.rounds, args.deaths = 200, 1, 2
-        args.infer_samples, args.seconds = 100, 0.5
-    result = measure(args.samples, args.rounds, args.deaths, args.infer_samples, args.seconds)
+        args.infer_samples, args.seconds, args.example_rounds = 100, 0.5, 1
+    result = measure(
+        args.samples,
+        args.rounds,
+        args.deaths,
+        args.infer_samples,
+        args.seconds,
+        args.example_rounds,
+    )
     print_report(result, TARGETS, as_json=args.json)
     return 0
 

@@ -512,7 +512,7 @@ def test_the_app_guides_daemon_inference_example_runs_against_a_real_daemon(
 def test_the_two_process_example_prints_every_figure() -> None:
     example = ROOT / "examples" / "two_processes" / "run.py"
     done = subprocess.run(
-        [sys.executable, str(example), "--seconds", "0.5", "--json"],
+        [sys.executable, str(example), "--seconds", "0.5", "--rounds", "2", "--json"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -521,10 +521,16 @@ def test_the_two_process_example_prints_every_figure() -> None:
     assert done.returncode == 0, done.stderr
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["separate_uids"] is True
+    assert figures["rounds"] == 2 and len(figures["managed_over_solo_p99_by_round"]) == 2
     for run in ("solo", "managed", "direct"):
         assert 0 < figures[f"fg_{run}_p50_ms"] <= figures[f"fg_{run}_p99_ms"]
+        assert figures[f"fg_{run}_frames"] >= 2 * 25, "two runs' frames (30 a run), pooled"
     assert figures["bg_managed_per_s"] > 0 and figures["bg_direct_per_s"] > 0
     assert "bg_solo_per_s" not in figures
+    refused = subprocess.run(
+        [sys.executable, str(example), "--rounds", "0"], check=False, capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and "--rounds at least 1" in refused.stderr
 
 
 def test_inferences_in_flight_past_the_limit_are_refused_and_others_carry_on(
