@@ -85,8 +85,11 @@ def test_a_foreground_inference_behind_held_back_background_work_runs_inline() -
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
-def test_background_work_runs_on_workers_of_lower_os_priority() -> None:
-    with OnnxRuntimeDriver(devices=[{"channels": 2}], background_nice=3) as d:
+@pytest.mark.parametrize("idle", [True, False])
+def test_background_work_runs_on_workers_of_lower_os_priority(idle: bool) -> None:
+    """Niced by `background_nice`, and under SCHED_IDLE unless `background_idle=False`."""
+    policies: dict[bool, int] = {}
+    with OnnxRuntimeDriver(devices=[{"channels": 2}], background_nice=3, background_idle=idle) as d:
         d.set_scheduling_configs(
             [
                 SchedulingConfig(uid=10, app_priority=1000),
@@ -99,6 +102,7 @@ def test_background_work_runs_on_workers_of_lower_os_priority() -> None:
 
         def recording(feeds: Any, call: Any) -> Any:
             nice[call.background] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            policies[call.background] = os.sched_getscheduler(0)
             return real(feeds, call)
 
         session.run = recording  # type: ignore[method-assign]
@@ -107,11 +111,17 @@ def test_background_work_runs_on_workers_of_lower_os_priority() -> None:
         d.run_until_idle()
         ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
         assert nice == {True: min(MAX_NICE, ours + 3), False: ours}
+    assert policies == {
+        True: os.SCHED_IDLE if idle else os.SCHED_OTHER,
+        False: os.sched_getscheduler(0),
+    }
 
 
 def test_background_nice_out_of_range_is_refused() -> None:
     with pytest.raises(IllegalArgumentError, match="background_nice must be within 0..19"):
         OnnxRuntimeDriver(background_nice=20)
+    with pytest.raises(IllegalArgumentError, match="background_idle must be True or False"):
+        OnnxRuntimeDriver(background_idle="no")
 
 
 @pytest.mark.parametrize("inline", [False, True])

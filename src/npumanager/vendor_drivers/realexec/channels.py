@@ -1,7 +1,8 @@
 """`Channels`: the worker threads, queue and events under a real driver.
 
 Each channel of a device has a foreground worker thread and, where the device has
-background bands, a background one running at a lower OS priority (`background_nice`):
+background bands, a background one running at a lower OS priority (`background_nice`,
+and `SCHED_IDLE` unless `background_idle=False`):
 the worker of the next job's class takes it from the device's `DeviceScheduler` when its
 channel is free, calls the runtime outside the lock, and reports what really happened.
 `RealDriver` (`realexec.base`) adds models and submission on top.
@@ -74,6 +75,7 @@ class Channels(DriverBase):
         clock: str = "real",
         reserved_channels: int = REAL_RESERVED_CHANNELS,
         background_nice: int = REAL_BACKGROUND_NICE,
+        background_idle: bool = True,
         restart_preemption: bool = True,
         shared_cores: bool = False,
     ) -> None:
@@ -98,6 +100,11 @@ class Channels(DriverBase):
         the next job is of their class."""
         reserved = check_int("reserved_channels", reserved_channels, 0, MAX_CHANNELS)
         self.background_nice = check_int("background_nice", background_nice, 0, MAX_NICE)
+        if not isinstance(background_idle, bool):
+            raise IllegalArgumentError(
+                f"background_idle must be True or False; got {background_idle!r}"
+            )
+        self.background_idle = background_idle
         if not isinstance(restart_preemption, bool):
             raise IllegalArgumentError(
                 f"restart_preemption must be True or False; got {restart_preemption!r}"
@@ -205,7 +212,7 @@ class Channels(DriverBase):
 
     def _worker(self, device: int, channel: int, background: bool) -> None:
         if background:
-            lower_thread_priority(self.background_nice)
+            lower_thread_priority(self.background_nice, self.background_idle)
         sched, ready = self._scheds[device], self._ready[device][background]
         while True:
             with self._lock:
