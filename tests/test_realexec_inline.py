@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
 import time
+import weakref
+from concurrent.futures import CancelledError
 from typing import Any
 
 import pytest
@@ -20,6 +23,7 @@ from npumanager.schemas.device import Band, DeviceSpec
 from npumanager.schemas.limits import MAX_EFFECTIVE_PRIORITY, MAX_NICE
 from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver
 from npumanager.vendor_drivers.realexec.session import background_from, is_background
+from npumanager.vendor_drivers.realexec.work import SyncOutcome
 
 
 @settings(max_examples=60, deadline=None)
@@ -232,3 +236,33 @@ def test_a_sync_outcome_calls_its_done_callbacks_once_as_a_future_would() -> Non
         outcome.add_done_callback(lambda o: seen.append(("after", o.result())))
         assert seen == [("before", ["out"]), ("after", ["out"])]
         assert outcome.done() and not outcome.cancelled()
+
+
+def test_a_cancelled_sync_outcome_does_not_keep_its_callers_frame_alive() -> None:
+    """`result()` of cancelled work raises a new CancelledError, as `Future.result` does:
+    the one the outcome keeps would take the catching frame (a lane's, holding a client's
+    segment) into its traceback, and the segment would stay mapped until the collector
+    ran."""
+
+    class Segment:
+        pass
+
+    def lane_like(outcome: SyncOutcome, segment: Segment) -> str:
+        try:
+            outcome.result()
+        except CancelledError:
+            return "cancelled"
+        return "ran"
+
+    outcome = SyncOutcome(1, None)  # type: ignore[arg-type]
+    outcome.cancelled_by_driver()
+    segment = Segment()
+    held = weakref.ref(segment)
+    gc.disable()
+    try:
+        assert lane_like(outcome, segment) == "cancelled"
+        del segment
+        assert held() is None, "freed without the cycle collector"
+    finally:
+        gc.enable()
+    assert outcome.cancelled()

@@ -248,6 +248,7 @@ class Lane:
         except CancelledError:
             return encode_reply(Status.CANCELLED, work.work_id)
         except Exception as exc:
+            exc.__traceback__ = None  # the work keeps it: no cycle through this frame
             return encode_reply(
                 Status.FAILED, work.work_id, kind=type(exc).__name__, message=str(exc)
             )

@@ -181,6 +181,11 @@ class SyncOutcome:
     def result(self, timeout: float | None = None) -> list[np.ndarray]:
         """The outputs, or the work's failure or cancellation raised (it has ended: its
         thread ran it or saw it end; it never waits)."""
+        if isinstance(self._error, CancelledError):
+            # A new one, as `Future.result` raises: the one kept here would take the
+            # caller's frame (a lane's, holding a client's segment) into its traceback,
+            # a cycle only the collector breaks.
+            raise CancelledError(*self._error.args)
         if self._error is not None:
             raise self._error
         if self._outputs is None:
