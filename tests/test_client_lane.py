@@ -3,9 +3,11 @@ reply while replies come within its spin, and sleeps in `recv` otherwise."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,7 +35,8 @@ class Recorded:
         return getattr(self.sock, name)
 
 
-def lane_with_peer(spin_us: int, delay_s: float) -> tuple[ClientLane, Recorded, threading.Thread]:
+@contextlib.contextmanager
+def lane_with_peer(spin_us: int, delay_s: float) -> Iterator[tuple[ClientLane, Recorded]]:
     """A lane whose peer answers each request `delay_s` after it came."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
@@ -46,7 +49,12 @@ def lane_with_peer(spin_us: int, delay_s: float) -> tuple[ClientLane, Recorded, 
     peer = threading.Thread(target=answer, daemon=True)
     peer.start()
     recorded = Recorded(mine)
-    return ClientLane(recorded, spin_us), recorded, peer  # type: ignore[arg-type]
+    lane = ClientLane(recorded, spin_us)  # type: ignore[arg-type]
+    try:
+        yield lane, recorded
+    finally:
+        lane.close()
+        peer.join(5)
 
 
 def exchanges(lane: ClientLane, recorded: Recorded, count: int) -> list[str]:
@@ -59,34 +67,22 @@ def exchanges(lane: ClientLane, recorded: Recorded, count: int) -> list[str]:
 
 
 def test_a_lane_polls_while_its_replies_come_within_its_spin() -> None:
-    lane, recorded, peer = lane_with_peer(spin_us=MAX_LANE_SPIN_US, delay_s=0.0)
-    try:
+    with lane_with_peer(spin_us=MAX_LANE_SPIN_US, delay_s=0.0) as (lane, recorded):
         assert exchanges(lane, recorded, 1) in (["sleep"], ["poll", "sleep"])  # nothing learnt
         waits = exchanges(lane, recorded, 20)
         assert "poll" in waits
         assert waits.count("sleep") < 20, "most replies were polled for, not slept for"
-    finally:
-        lane.close()
-        peer.join(5)
 
 
 def test_a_lane_sleeps_once_its_replies_take_longer_than_its_spin() -> None:
-    lane, recorded, peer = lane_with_peer(spin_us=200, delay_s=0.02)
-    try:
+    with lane_with_peer(spin_us=200, delay_s=0.02) as (lane, recorded):
         exchanges(lane, recorded, 1)  # learns that replies take 20 ms
         assert exchanges(lane, recorded, 5) == ["sleep"] * 5
-    finally:
-        lane.close()
-        peer.join(5)
 
 
 def test_a_lane_with_no_spin_always_sleeps() -> None:
-    lane, recorded, peer = lane_with_peer(spin_us=0, delay_s=0.0)
-    try:
+    with lane_with_peer(spin_us=0, delay_s=0.0) as (lane, recorded):
         assert exchanges(lane, recorded, 10) == ["sleep"] * 10
-    finally:
-        lane.close()
-        peer.join(5)
 
 
 @pytest.mark.parametrize("spin", [-1, MAX_LANE_SPIN_US + 1, 1.5, "100"])

@@ -31,7 +31,7 @@ import numpy as np
 
 from npumanager.daemon.lane_frames import (
     MAX_LANE_FRAME_BYTES,
-    REPLY,
+    REPLY_WORK_ID_AT,
     Reply,
     Status,
     decode_reply,
@@ -42,8 +42,6 @@ from npumanager.errors import DaemonUnavailableError, IllegalArgumentError
 
 _TRUNCATED = int(socket.MSG_TRUNC)
 _DONTWAIT = int(socket.MSG_DONTWAIT)
-_WORK_ID_AT = REPLY.size - 16
-"""Where a reply's work id lies in its header; the 8 bytes after it are the held bytes."""
 
 
 class Sent(NamedTuple):
@@ -119,10 +117,11 @@ class ClientLane:
         if (
             answered is not None
             and not flags & _TRUNCATED
-            and buffer[:_WORK_ID_AT] == answered.head
-            and buffer[_WORK_ID_AT + 8 : size] == answered.tail
+            and buffer[:REPLY_WORK_ID_AT] == answered.head
+            and buffer[REPLY_WORK_ID_AT + 8 : size] == answered.tail
         ):
-            work_id = int.from_bytes(buffer[_WORK_ID_AT : _WORK_ID_AT + 8], "little", signed=True)
+            at = REPLY_WORK_ID_AT
+            work_id = int.from_bytes(buffer[at : at + 8], "little", signed=True)
             return answered.reply._replace(work_id=work_id)
         try:
             if flags & _TRUNCATED:
@@ -135,7 +134,8 @@ class ClientLane:
             ) from None
         self.answered = None
         if reply.status == Status.COMPLETED:
-            head, tail = bytes(buffer[:_WORK_ID_AT]), bytes(buffer[_WORK_ID_AT + 8 : size])
+            at = REPLY_WORK_ID_AT
+            head, tail = bytes(buffer[:at]), bytes(buffer[at + 8 : size])
             self.answered = Answered(head, tail, reply, [])
         return reply
 

@@ -63,9 +63,15 @@ def written(
     return refs
 
 
-def copy_out(segment: ClientSegment, refs: Sequence[p.Tensor | TensorRef]) -> list[np.ndarray]:
-    outputs = []
+def views(segment: ClientSegment, refs: Sequence[p.Tensor | TensorRef]) -> list[np.ndarray]:
+    """Arrays over the segment for tensors the daemon named, each checked first."""
+    out = []
     for ref in refs:
         tensors.check_tensor(ref.name, ref.dtype, ref.shape, ref.offset, ref.nbytes, segment.size)
-        outputs.append(tensors.view(segment.memory, ref.dtype, ref.shape, ref.offset).copy())
-    return outputs
+        out.append(tensors.view(segment.memory, ref.dtype, ref.shape, ref.offset))
+    return out
+
+
+def copy_out(segment: ClientSegment, refs: Sequence[p.Tensor | TensorRef]) -> list[np.ndarray]:
+    """Copies of the tensors the daemon named (the caller's own arrays)."""
+    return [view.copy() for view in views(segment, refs)]

@@ -43,7 +43,7 @@ from npumanager.daemon import tensors
 from npumanager.daemon.frames import call_error
 from npumanager.daemon.lane_frames import (
     MAX_LANE_FRAME_BYTES,
-    REPLY,
+    REPLY_WORK_ID_AT,
     Kind,
     Request,
     Status,
@@ -70,8 +70,6 @@ costs the daemon ten checks a second per lane, not its time."""
 _TRUNCATED = int(socket.MSG_TRUNC)
 """recvmsg's flag for a frame longer than the buffer (an int: flag enums are slow)."""
 _WORK_ID = struct.Struct("<q")
-_WORK_ID_AT = REPLY.size - 16
-"""Where a reply's work id lies in its header."""
 
 
 class Seen(NamedTuple):
@@ -294,7 +292,7 @@ class Lane:
             if layout == wrote.layout and len(layout) == len(outputs):
                 for place, out in zip(wrote.places, outputs, strict=True):
                     np.copyto(place, out)
-                _WORK_ID.pack_into(wrote.reply, _WORK_ID_AT, work_id)
+                _WORK_ID.pack_into(wrote.reply, REPLY_WORK_ID_AT, work_id)
                 return wrote.reply
         self._wrote = None
         try:

@@ -36,6 +36,8 @@ from npumanager.schemas.limits import (
 
 REQUEST = struct.Struct("<HHiiqq")
 REPLY = struct.Struct("<BBHIqq")
+REPLY_WORK_ID_AT = 8
+"""Where a reply's work id (int64) lies in its header; the held bytes follow it."""
 TENSOR = struct.Struct("<BBHqq")
 MAX_LANE_FRAME_BYTES = 64 << 10
 """The largest lane frame either end sends or reads; a bigger request takes the

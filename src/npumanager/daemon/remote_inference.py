@@ -260,12 +260,15 @@ class RemoteInference:
         spots = [segment.offset_of(array) for _, _, array in arrays]
         key = (model.handle, job_priority, *[(n, d, a.shape) for n, d, a in arrays], *spots)
         sent = lane.sent
-        if sent is not None and sent.key == key:
-            room = max(sent.room, self._out_bytes.get(model.handle, _DEFAULT_OUT_BYTES))
-            if room == sent.room and lane.region(segment, room, self._wire.timeout_s) == sent.base:
-                for place, index in sent.copies:
-                    np.copyto(place, arrays[index][2])
-                return self._lane_reply(lane, lane.exchange(sent.frame), model.handle, segment)
+        if (
+            sent is not None
+            and sent.key == key
+            and self._out_bytes.get(model.handle, _DEFAULT_OUT_BYTES) <= sent.room
+            and lane.region(segment, sent.room, self._wire.timeout_s) == sent.base
+        ):
+            for place, index in sent.copies:
+                np.copyto(place, arrays[index][2])
+            return self._lane_reply(lane, lane.exchange(sent.frame), model.handle, segment)
         lane.sent = None
         places, in_size = client_tensors.placement(segment, arrays, spots)
         room = max(in_size, self._out_bytes.get(model.handle, _DEFAULT_OUT_BYTES))
@@ -292,15 +295,13 @@ class RemoteInference:
             base = lane.region(segment, need, self._wire.timeout_s)
             reply = lane.exchange(encode_request(Kind.FETCH, 0, 0, (base, need)))
         answered = lane.answered
-        if answered is not None and reply.outputs is answered.reply.outputs and answered.views:
-            return [view.copy() for view in answered.views]
-        outputs = self._lane_outputs(reply, model, segment)
-        if answered is not None and reply.outputs is answered.reply.outputs:
-            answered.views.extend(
-                tensors.view(segment.memory, ref.dtype, ref.shape, ref.offset)
-                for ref in reply.outputs
-            )
-        return outputs
+        if answered is None or reply.outputs is not answered.reply.outputs:
+            return self._lane_outputs(reply, model, segment)
+        if not answered.views:  # its first run: checked and copied out, then kept
+            outputs = self._lane_outputs(reply, model, segment)
+            answered.views.extend(client_tensors.views(segment, reply.outputs))
+            return outputs
+        return [view.copy() for view in answered.views]
 
     def _lane_outputs(self, reply: Reply, model: int, segment: ClientSegment) -> list[np.ndarray]:
         """A lane reply's outputs copied out, or its error raised with its class."""
