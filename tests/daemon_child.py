@@ -8,17 +8,23 @@ line. Usage: daemon_child.py SOCKET UID GID [GROUP,...]
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import npumanager as npu
+
+# Before the uid drops (the interpreter's files are root's): path= reads models with it.
+with contextlib.suppress(ImportError):
+    import onnx  # noqa: F401
 import npumanager.core.lease
 import npumanager.core.snapshot
 
@@ -99,7 +105,10 @@ def run_real(app: App, command: dict[str, Any]) -> tuple[bool, Any]:
     op = command["op"]
     if op == "real_load":
         request = _request(command)
-        model = app.manager.load_model(request, path=command["path"])
+        if command.get("as_bytes"):  # the file's bytes, not its path: no sidecar travels
+            model = app.manager.load_model(request, model=Path(command["path"]).read_bytes())
+        else:
+            model = app.manager.load_model(request, path=command["path"])
         app.manager.listener.notify_model_loaded(request)
         app.models[request.id] = model
         return True, {"model": model.handle, "weight_bytes": model.weight_bytes}

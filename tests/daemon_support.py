@@ -52,6 +52,7 @@ class DaemonProcess:
         name: str = "npu.sock",
         nofile: tuple[int, int] | None = None,
         user: tuple[int, int] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.socket = directory / name
         self.log_path = directory / f"{name}.log"
@@ -61,7 +62,9 @@ class DaemonProcess:
             command = ["prlimit", f"--nofile={nofile[0]}:{nofile[1]}", *command]
         if user is not None:  # (uid, gid): a daemon that serves as that uid (daemon_as_user.py)
             command = [sys.executable, str(AS_USER), *map(str, user), *command[4:]]
-        self.process = subprocess.Popen(command, stderr=self._log, stdout=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            command, stderr=self._log, stdout=subprocess.DEVNULL, cwd=cwd
+        )
         self.wait_ready()
 
     def wait_ready(self, timeout: float = 30) -> None:

@@ -118,8 +118,12 @@ def serve(socket_dir: Path) -> Iterator[Callable[..., DaemonProcess]]:
     """Start daemons (as subprocesses) whose socket group lets the test uids in."""
     daemons: list[DaemonProcess] = []
 
-    def start(*args: str, nofile: tuple[int, int] | None = None) -> DaemonProcess:
-        daemon = DaemonProcess(socket_dir, "--socket-group", str(SOCKET_GID), *args, nofile=nofile)
+    def start(
+        *args: str, nofile: tuple[int, int] | None = None, cwd: Path | None = None
+    ) -> DaemonProcess:
+        daemon = DaemonProcess(
+            socket_dir, "--socket-group", str(SOCKET_GID), *args, nofile=nofile, cwd=cwd
+        )
         daemons.append(daemon)
         return daemon
 
@@ -576,3 +580,70 @@ def test_log_lines_caused_by_clients_are_rate_limited(
     assert daemon.stop() == 0
     closing = [line for line in daemon.log().splitlines() if "closing uid" in line]
     assert LOG_BURST <= len(closing) <= LOG_BURST + 1, closing
+
+
+# 12. Models are data -----------------------------------------------------------------------
+
+
+SECRET = b"root-only: the daemon must never hand these 64 bytes to a client......"[:64]
+
+
+def _real_daemon(socket_dir: Path, serve: Callable[..., DaemonProcess]) -> DaemonProcess:
+    """An onnxruntime daemon whose working directory holds a file only root may read."""
+    pytest.importorskip("onnxruntime")
+    secret = socket_dir / "secret.bin"
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    return serve("--driver", "onnxruntime", cwd=socket_dir)
+
+
+def test_a_file_only_the_daemon_can_read_named_as_external_data_is_never_read(
+    socket_dir: Path, serve: Callable[..., DaemonProcess], apps: list[Child]
+) -> None:
+    """The runtime, given a model's bytes, would resolve `secret.bin` against the daemon's
+    working directory and hand its bytes back as the output (x = 0, y = x + c)."""
+    from onnx_builders import WIDTH, external_model
+
+    daemon = _real_daemon(socket_dir, serve)
+    model = socket_dir / "thief.onnx"
+    model.write_bytes(external_model("secret.bin").SerializeToString())
+    model.chmod(0o644)
+    thief = Child(daemon.socket, ATTACK_UID)
+    apps.append(thief)
+    thief.ok("request", id=1, size=0)
+    assert thief.event("decision", 1)["status"] == CAN_LOAD_NOW
+    loaded = thief.send("real_load", id=1, path=str(model), as_bytes=True, timeout=60)
+    if "error" not in loaded:  # the hole: show what leaked
+        leaked = thief.send("real_run", id=1, rows=1, width=WIDTH, value=0.0, timeout=60)
+        raise AssertionError(f"a model naming secret.bin was loaded and ran: {leaked}")
+    assert loaded["error"] == "IllegalArgumentError", loaded
+    assert "'secret.bin', which did not come with the model" in loaded["message"]
+    # by path, the client opens the weights file beside the model itself, as its own uid
+    by_path = thief.send("real_load", id=1, path=str(model), timeout=60)
+    assert by_path.get("error") == "IllegalArgumentError", by_path
+    assert "cannot open the model's weights file" in by_path["message"]
+    assert "Permission denied" in by_path["message"]
+    assert admin_info(daemon)["devices"][0]["models_loaded"] == 0
+    well_behaved(apps, daemon)
+
+
+def test_weights_in_constant_nodes_count_against_the_grant(
+    socket_dir: Path, serve: Callable[..., DaemonProcess], apps: list[Child]
+) -> None:
+    from onnx_builders import constant_model
+
+    daemon = _real_daemon(socket_dir, serve)
+    model = socket_dir / "constants.onnx"
+    model.write_bytes(constant_model(32 * MIB).SerializeToString())
+    model.chmod(0o644)
+    hoarder = Child(daemon.socket, ATTACK_UID)
+    apps.append(hoarder)
+    hoarder.ok("request", id=1, size=0, weight_bytes=1024)
+    assert hoarder.event("decision", 1)["status"] == CAN_LOAD_NOW
+    for _ in range(3):
+        reply = hoarder.send("real_load", id=1, path=str(model), timeout=60)
+        assert reply.get("error") == "CapacityError", reply
+        assert f"hold {32 * MIB + 16} bytes, more than the 1024 its grant" in reply["message"]
+    device = admin_info(daemon)["devices"][0]
+    assert (device["models_loaded"], device["weight_memory_used_bytes"]) == (0, 0)
+    well_behaved(apps, daemon)

@@ -638,3 +638,22 @@ def test_while_the_loops_thread_runs_a_long_inference_the_standby_serves_the_oth
     assert "sha256" in other.ok("real_run", id=1, rows=4, run_timeout=30)
     assert any(d["running"] for d in info(daemon)["devices"]), "served while it still ran"
     assert "sha256" in foreground.ok("real_result", work_id=work_id)
+
+
+def test_a_model_with_external_data_loads_by_path_with_its_weights_file_sent_along(
+    start: Callable[..., DaemonProcess], socket_dir: Path
+) -> None:
+    from onnx_builders import WIDTH, save_external, values
+
+    weights = values(start=11)
+    folder = socket_dir / "model"
+    folder.mkdir(mode=0o755)
+    path = save_external(folder, weights)
+    for file in folder.iterdir():
+        file.chmod(0o644)
+    daemon = start()
+    child = app(daemon, FOREGROUND_UID)
+    granted(child)
+    assert child.ok("real_load", id=1, path=str(path))["weight_bytes"] == weights.nbytes
+    result = child.ok("real_run", id=1, rows=1, width=WIDTH, value=0.0)
+    assert result["sha256"] == hashlib.sha256(weights.tobytes()).hexdigest()

@@ -39,7 +39,7 @@ DRIVER_SIDE = {
     for name in ("driver", "events", "debounce", "scheduler", "hookspecs", "sortedlist")
 }
 """What of the core a driver may import: the contract and what it needs."""
-LEAVES = {f"{PACKAGE}.errors", f"{PACKAGE}.checks"}
+LEAVES = {f"{PACKAGE}.errors", f"{PACKAGE}.checks", f"{PACKAGE}.modelfiles"}
 """Errors and leaf helpers: they import only the schemas (and a helper the errors it raises)."""
 
 

@@ -35,6 +35,7 @@ from npumanager.vendor_drivers.onnxruntime.driver import (
 )
 from npumanager.vendor_drivers.realexec.base import ExecutionError
 from npumanager.vendor_drivers.realexec.chain import chain_inputs, chain_model
+from npumanager.vendor_drivers.realexec.onnx_weights import count
 
 RNG = np.random.default_rng(5)
 W = RNG.standard_normal((4, 8)).astype(np.float32)  # 128 bytes
@@ -170,7 +171,7 @@ def test_a_provider_that_falls_back_is_logged_and_not_claimed(
 
     monkeypatch.setattr(ort, "InferenceSession", falls_back)
     with caplog.at_level(logging.WARNING):
-        session = OrtSession(linear_model(), ["OpenVINOExecutionProvider"], 1, 0)
+        session = OrtSession(count(linear_model()), ["OpenVINOExecutionProvider"], 1, 0)
     assert session.target == "CPUExecutionProvider"
     assert "asked for OpenVINOExecutionProvider but runs on ['CPUExecutionProvider']" in caplog.text
 

@@ -175,9 +175,11 @@ class LocalBackend:
         model: Any,
         path: Any,
         sram_bytes: int,
+        sidecars: Mapping[str, int] | None = None,
     ) -> LoadedModel:
         """Open a granted request's real model on its device; its bytes are counted from the
-        model, and a model over what the grant allows is unloaded again.
+        model before anything is allocated, and a model over what the grant allows is
+        refused (`sidecars`: the files it keeps weights in, as descriptors by name).
 
         The runtime opens the model outside the service lock (that can take seconds), so
         the grant is checked again after: a request revoked meanwhile gets nothing loaded.
@@ -187,8 +189,16 @@ class LocalBackend:
             record = self._granted(manager, request)
             driver = self._real_driver()
             device = record.device or 0
+            declared = d.arbiter.declared_bytes(manager.client, request.id)
+            allowed = d.requests.allowance_left(record, declared)
         handle = driver.load_model(
-            device, model=model, path=path, sram_bytes=sram_bytes, uid=manager.uid
+            device,
+            model=model,
+            path=path,
+            sram_bytes=sram_bytes,
+            uid=manager.uid,
+            sidecars=sidecars,
+            max_weight_bytes=allowed,
         )
         try:
             with d.lock:

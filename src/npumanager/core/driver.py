@@ -225,8 +225,13 @@ class RealExecution(Protocol):
         weight_bytes: int | None = None,
         sram_bytes: int = 0,
         uid: int | None = None,
+        sidecars: Mapping[str, int] | None = None,
+        max_weight_bytes: int | None = None,
     ) -> int:
-        """Open and account a model (its bytes counted from it); its handle."""
+        """Open and account a model; its handle. Its weights are counted from the model
+        before anything is allocated for them, and refused over `max_weight_bytes` (what
+        its grant allows). `sidecars` are the files it keeps weights in, as descriptors by
+        name; no path named inside a model is ever resolved."""
 
     def model_bytes(self, model: int) -> int:
         """The weight bytes accounted for a loaded model."""

@@ -75,6 +75,11 @@ class Requests:
             raise UnknownRequestError(f"request {request.id} is not a live request of this client")
         return record
 
+    def allowance_left(self, record: RequestRecord, declared: int | None) -> int:
+        """The weight bytes the request's grant still allows (0 when it holds them all)."""
+        allowed = grant_allowance_bytes(record.request.size, declared)
+        return max(0, allowed - sum(model.weight_bytes for model in record.models))
+
     def check_allowance(self, record: RequestRecord, declared: int | None, weight: int) -> None:
         """Refuse a load that would take the request past what its grant allows."""
         request = record.request

@@ -38,6 +38,7 @@ from npumanager.errors import (
     QuotaExceededError,
     UnknownWorkError,
 )
+from npumanager.modelfiles import sidecar_key
 from npumanager.schemas import EndReason
 from npumanager.schemas.limits import (
     DEFAULT_MAX_INFERENCES_PER_CONNECTION,
@@ -104,14 +105,22 @@ class InferenceCalls:
     def on_load_real(self, connection: Connection, message: p.LoadRealModel) -> NoReply:
         """Check the call here, then read and open the model on the loader thread (that
         can take seconds): the loop goes on serving everyone meanwhile."""
-        # The descriptor is taken first, so that one sent with a refused frame is not left
-        # for the next.
-        fd = connection.take_descriptor("load_real") if message.descriptor else None
+        # The descriptors are taken first, so that those sent with a refused frame are not
+        # left for the next.
+        fds: list[int] = []
         try:
+            if message.descriptor:
+                for _ in range(1 + len(message.sidecars)):
+                    fds.append(connection.take_descriptor("load_real"))
             if message.descriptor == (message.span is not None):
                 raise IllegalArgumentError(
                     "load_real takes the model as a descriptor sent with the frame or as a "
                     "span of the shared segment, exactly one"
+                )
+            names = [sidecar_key(name) for name in message.sidecars]
+            if len(set(names)) != len(names) or (names and not message.descriptor):
+                raise IllegalArgumentError(
+                    "load_real's sidecars must be distinct names, sent with the model's descriptor"
                 )
             request = self.calls.live(connection, message.request_id)
             connection.check_quota("models")
@@ -120,7 +129,7 @@ class InferenceCalls:
             )
             manager = self.calls.manager_of(connection)
         except BaseException:
-            if fd is not None:
+            for fd in fds:
                 os.close(fd)
             raise
         ref = weakref.ref(connection)
@@ -130,16 +139,21 @@ class InferenceCalls:
             outcome: LoadedModel | Exception
             try:
                 data = model
-                if fd is not None:
-                    try:
-                        data = read_model_file(fd, self.max_model_file_bytes)
-                    finally:
-                        os.close(fd)
+                if fds:
+                    data = read_model_file(fds[0], self.max_model_file_bytes)
                 outcome = self.backend.load_real_model(
-                    manager, request, data, None, message.sram_bytes
+                    manager,
+                    request,
+                    data,
+                    None,
+                    message.sram_bytes,
+                    sidecars=dict(zip(names, fds[1:], strict=True)),
                 )
             except Exception as exc:
                 outcome = exc
+            finally:
+                for fd in fds:
+                    os.close(fd)
             self._post(lambda: self._loaded(ref, message.seq, uid, outcome))
 
         self._loader.submit(load)

@@ -16,6 +16,8 @@ from npumanager.schemas.limits import (
     INT32_MAX,
     INT64_MAX,
     MAX_FRAME_BYTES,
+    MAX_MODEL_SIDECARS,
+    MAX_SIDECAR_NAME,
     MAX_TENSOR_DIMS,
     MAX_WIRE_TENSORS,
 )
@@ -51,7 +53,8 @@ class Attach(Call):
 
 class LoadRealModel(Call):
     """`load_model(model=... or path=...)`: the model file comes with this frame as a
-    descriptor (`descriptor`), or its bytes lie in the shared segment (`span`). The reply's
+    descriptor (`descriptor`), with its weights files after it (`sidecars`), or its bytes
+    lie in the shared segment (`span`). The reply's
     result is `{"model", "device", "weight_bytes", "inputs"}`."""
 
     op: Literal["load_real"] = "load_real"
@@ -59,6 +62,11 @@ class LoadRealModel(Call):
     sram_bytes: NonNegativeInt64 = 0
     descriptor: bool = False
     span: Span | None = None
+    sidecars: list[Annotated[str, Field(min_length=1, max_length=MAX_SIDECAR_NAME)]] = Field(
+        default_factory=list, max_length=MAX_MODEL_SIDECARS
+    )
+    """The names the model gives the files it keeps weights in (ONNX external data, an
+    IR's `.bin`); their descriptors follow the model's, in this order."""
 
 
 class Infer(Call):

@@ -1,8 +1,10 @@
 """Models through the daemon, on the client's side: a file by its descriptor, small bytes
 in the connection's shared segment, larger ones as a sealed memfd.
 
-The daemon never opens a path for a client: `load_model(path=...)` opens the file here
-and sends the descriptor (SCM_RIGHTS), so the daemon reads only what the client could.
+The daemon never opens a path for a client: `load_model(path=...)` opens the file here,
+and the files it keeps weights in (ONNX external data, an IR's `.bin`, beside it), and
+sends their descriptors (SCM_RIGHTS), so the daemon reads only what the client could.
+A model sent as bytes brings no such files: one whose data lies elsewhere is refused.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from npumanager.core.client import LoadedModel, NpuManager
 from npumanager.daemon import protocol as p
 from npumanager.daemon.shared_memory import ClientSegment, sealed_memfd
 from npumanager.errors import IllegalArgumentError
+from npumanager.modelfiles import open_model_files
 from npumanager.schemas import ModelLoadRequest
+from npumanager.schemas.limits import DEFAULT_MAX_MODEL_FILE_BYTES
 
 SMALL_MODEL_BYTES = 1 << 20
 """Models up to this size travel in the shared segment; larger ones as a memfd."""
@@ -47,7 +51,14 @@ def load(
         raise IllegalArgumentError("give exactly one of model= (ONNX bytes) and path=")
     common = {"request_id": request.id, "sram_bytes": sram_bytes}
     if path is not None:
-        result = _by_descriptor(wire, _open_model(path), common)
+        with open_model_files(path, DEFAULT_MAX_MODEL_FILE_BYTES) as files:
+            result = wire.call(
+                p.LoadRealModel,
+                fds=[files.fd, *files.sidecars.values()],
+                descriptor=True,
+                sidecars=list(files.sidecars),
+                **common,
+            )
     else:
         data = _model_bytes(model)
         if len(data) <= SMALL_MODEL_BYTES:
@@ -81,15 +92,6 @@ def _in_segment(
         return wire.call(p.LoadRealModel, span=span, **common)
     finally:
         segment.release(offset, len(data))
-
-
-def _open_model(path: str | Path) -> int:
-    try:
-        return os.open(os.fspath(path), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise IllegalArgumentError(
-            f"cannot open the model file {path}: {exc.strerror or exc}"
-        ) from None
 
 
 def _model_bytes(model: Any) -> bytes:

@@ -185,6 +185,11 @@ DEFAULT_MAX_MODEL_FILE_BYTES: Final = 2 * GIB
 """The largest model file the daemon reads from a client's descriptor."""
 MAX_PENDING_DESCRIPTORS: Final = 4
 """Descriptors a daemon connection may have sent ahead of the frames that use them."""
+MAX_MODEL_SIDECARS: Final = MAX_PENDING_DESCRIPTORS - 1
+"""Files a model may keep its weights in besides its own (ONNX external data, an OpenVINO
+IR's `.bin`): they travel with the model's descriptor in one frame."""
+MAX_SIDECAR_NAME: Final = 255
+"""The longest name a model may give a file of its weights (a relative path)."""
 TENSOR_ALIGN_BYTES: Final = 64
 """Tensors in a shared segment start at multiples of this."""
 MAX_TENSOR_DIMS: Final = 32

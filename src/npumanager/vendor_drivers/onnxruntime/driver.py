@@ -1,8 +1,10 @@
 """The `onnxruntime` driver: ONNX models in `InferenceSession`s, run for real on worker
 threads (`RealDriver`), ordered by the fair device scheduler.
 
-Models come from bytes, a `ModelProto` or a path; their weight bytes are their
-initializers', against `capacity_bytes` per device. Execution providers are configurable
+Models come from bytes, a `ModelProto` or a path; their weight bytes are every byte of
+data they hold (`onnx_weights`), counted before the session opens, against
+`capacity_bytes` per device. External data is read from the descriptors sent with the
+model and put into it: the runtime never opens a file. Execution providers are configurable
 (`providers=`, default CPU); after opening a session the driver checks
 `get_providers()`, logs a provider that fell back (the OpenVINO EP runs on CPU when no
 NPU is present) and reports the one really used as the session's `target`. A running
@@ -14,13 +16,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort  # type: ignore[import-untyped,unused-ignore]
-from onnx import numpy_helper
 
 from npumanager.checks import check_int
 from npumanager.errors import IllegalArgumentError
@@ -32,7 +32,13 @@ from npumanager.schemas.limits import (
     REAL_DEFAULT_CHANNELS,
 )
 from npumanager.vendor_drivers.realexec.base import ModelSource, RealDriver, real_specs
-from npumanager.vendor_drivers.realexec.session import Call, InputSpec, is_background
+from npumanager.vendor_drivers.realexec.onnx_weights import (
+    OnnxWeights,
+    count,
+    counted_model,
+    inlined,
+)
+from npumanager.vendor_drivers.realexec.session import Call, Counted, InputSpec, is_background
 
 log = logging.getLogger(__name__)
 
@@ -53,43 +59,17 @@ _DTYPES: dict[str, Any] = {
 
 
 def weight_bytes_of(model: onnx.ModelProto) -> int:
-    """The bytes of a model's initializers (its weights)."""
-    total = sum(numpy_helper.to_array(init).nbytes for init in model.graph.initializer)
-    for sparse in model.graph.sparse_initializer:
-        total += numpy_helper.to_array(sparse.values).nbytes
-        total += numpy_helper.to_array(sparse.indices).nbytes
-    return int(total)
-
-
-def as_model(model: ModelSource, path: str | Path | None) -> onnx.ModelProto:
-    """The ONNX model from bytes, a `ModelProto` or a path; anything else is refused."""
-    if (model is None) == (path is None):
-        raise IllegalArgumentError("give exactly one of model= (bytes or ModelProto) and path=")
-    try:
-        if path is not None:
-            return onnx.load_model(str(path))
-        if isinstance(model, onnx.ModelProto):
-            return model
-        if isinstance(model, bytes | bytearray):
-            proto = onnx.load_model_from_string(bytes(model))
-            if not proto.graph.node:
-                raise ValueError("the bytes hold no graph")
-            return proto
-    except Exception as exc:
-        raise IllegalArgumentError(
-            f"not an ONNX model ({exc}); give ONNX bytes, an onnx.ModelProto or a .onnx path"
-        ) from None
-    raise IllegalArgumentError(
-        f"model must be ONNX bytes or an onnx.ModelProto (a file: path=); got {model!r:.60}"
-    )
+    """The bytes of every piece of data the model holds (its weights; `onnx_weights`)."""
+    return count(model).weight_bytes
 
 
 class OrtSession:
     """One ONNX model in an `InferenceSession`."""
 
     def __init__(
-        self, proto: onnx.ModelProto, providers: Sequence[Any], threads: int, device: int
+        self, counted: OnnxWeights, providers: Sequence[Any], threads: int, device: int
     ) -> None:
+        proto = inlined(counted)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -99,7 +79,7 @@ class OrtSession:
             )
         except Exception as exc:
             raise IllegalArgumentError(f"onnxruntime cannot open the model: {exc}") from None
-        self.weight_bytes = weight_bytes_of(proto)
+        self.weight_bytes = counted.weight_bytes
         wanted = [p if isinstance(p, str) else p[0] for p in providers]
         used = list(self.session.get_providers())
         self.target = used[0] if used else "none"
@@ -182,7 +162,9 @@ class OnnxRuntimeDriver(RealDriver):
         )
         super().__init__(specs, **options)
 
-    def _open(
-        self, device: int, model: ModelSource, path: str | Path | None, band: int
-    ) -> OrtSession:
-        return OrtSession(as_model(model, path), self.providers, self.intra_op_threads, device)
+    def _count(self, model: ModelSource, sidecars: Mapping[str, int]) -> OnnxWeights:
+        return counted_model(model, sidecars)
+
+    def _open(self, device: int, counted: Counted, band: int) -> OrtSession:
+        assert isinstance(counted, OnnxWeights)
+        return OrtSession(counted, self.providers, self.intra_op_threads, device)

@@ -3,8 +3,10 @@ on worker threads (`RealDriver`) with async inference requests.
 
 `device` defaults to NPU when `Core().available_devices` has one, else CPU. Models come
 from ONNX (bytes or a `.onnx` path), OpenVINO IR (a `.xml` path with its `.bin`) or an
-`ov.Model`; weight bytes are the model's constants. A model is compiled with one stream per
-channel (`NUM_STREAMS`, and `INFERENCE_NUM_THREADS` per stream times streams), so the
+`ov.Model`; weight bytes are counted from the model before OpenVINO reads it (every byte
+of an ONNX model's data, an IR's spans of its `.bin`; an `ov.Model`'s constants), and
+weights files come as descriptors, never by a name in the model. A model is compiled with
+one stream per channel (`NUM_STREAMS`, and `INFERENCE_NUM_THREADS` per stream times streams), so the
 channels' requests really run side by side; a device that grants fewer streams (the CPU: at
 most its cores) is logged. On the CPU the channels share its cores, and the OS shares them
 out evenly between a foreground and a background request, so the driver runs with
@@ -31,6 +33,7 @@ from __future__ import annotations
 import logging
 import queue
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,7 @@ import openvino as ov  # type: ignore[import-untyped,unused-ignore]
 
 from npumanager.checks import check_int
 from npumanager.errors import IllegalArgumentError, UnknownDeviceError
+from npumanager.modelfiles import read_span
 from npumanager.schemas.device import DeviceSpec
 from npumanager.schemas.limits import (
     INT64_MAX,
@@ -47,8 +51,10 @@ from npumanager.schemas.limits import (
     REAL_DEFAULT_CAPACITY_BYTES,
     REAL_DEFAULT_CHANNELS,
 )
+from npumanager.vendor_drivers.openvino.ir import count_ir, is_ir
 from npumanager.vendor_drivers.realexec.base import ModelSource, RealDriver, real_specs
-from npumanager.vendor_drivers.realexec.session import Call, InputSpec, is_background
+from npumanager.vendor_drivers.realexec.onnx_weights import OnnxWeights, counted_model, inlined
+from npumanager.vendor_drivers.realexec.session import Call, Counted, InputSpec, is_background
 
 log = logging.getLogger(__name__)
 
@@ -82,30 +88,75 @@ def supported(core: Any, device: str) -> set[str]:
         return set()
 
 
-def _read(core: Any, model: ModelSource, path: str | Path | None) -> Any:
-    if (model is None) == (path is None):
-        raise IllegalArgumentError("give exactly one of model= (ONNX bytes or ov.Model) and path=")
+_ADVICE = (
+    "not an ONNX or OpenVINO IR model ({}); give ONNX bytes, an openvino.Model, or a .onnx / "
+    ".xml path"
+)
+
+
+@dataclass
+class OvCounted:
+    """A model counted for OpenVINO: an `ov.Model` the app built, an ONNX model, or an IR's
+    XML with the descriptor of its weights file."""
+
+    weight_bytes: int
+    model: Any = None
+    onnx: OnnxWeights | None = None
+    ir: bytes | None = None
+    reach: int = 0
+    weights: int | None = None
+    """The IR's weights file (a descriptor sent with it), if any."""
+
+
+def count_for_openvino(model: ModelSource, sidecars: Mapping[str, int]) -> OvCounted:
+    """Parse and count a model (an `ov.Model`, ONNX bytes, or an IR's XML bytes whose
+    `.bin` came as the one sidecar), reading no weights yet."""
     if isinstance(model, ov.Model):
-        return model
-    if path is not None:
-        if Path(path).suffix not in (".onnx", ".xml"):
-            raise IllegalArgumentError(
-                f"path must be an ONNX (.onnx) or IR (.xml) file; got {path}"
-            )
-        source: Any = str(path)
-    elif isinstance(model, bytes | bytearray) and model:
-        source = bytes(model)
-    else:
+        return OvCounted(_constant_bytes(model), model=model)
+    if not isinstance(model, bytes | bytearray) or not model:
         raise IllegalArgumentError(
             f"model must be ONNX bytes or an openvino.Model (IR: path=); got {model!r:.60}"
         )
-    try:
-        return core.read_model(source)
-    except Exception as exc:
+    if not is_ir(bytes(model)):
+        onnx = counted_model(bytes(model), sidecars, _ADVICE)
+        return OvCounted(onnx.weight_bytes, onnx=onnx)
+    ir = count_ir(bytes(model))
+    if len(sidecars) > 1:
         raise IllegalArgumentError(
-            f"not an ONNX or OpenVINO IR model ({str(exc).strip().splitlines()[-1]}); give "
-            "ONNX bytes, an openvino.Model, or a .onnx / .xml path"
-        ) from None
+            f"an IR keeps its weights in one .bin file; {len(sidecars)} files came with it"
+        )
+    weights = next(iter(sidecars.values()), None)
+    if weights is None and ir.reach:
+        raise IllegalArgumentError(
+            "the IR's weights file (.bin) did not come with it: load an IR with path= to "
+            "its .xml, its .bin beside it"
+        )
+    return OvCounted(ir.weight_bytes, ir=bytes(model), reach=ir.reach, weights=weights)
+
+
+def _constant_bytes(model: Any) -> int:
+    return sum(
+        int(op.get_byte_size())
+        for op in model.get_ordered_ops()
+        if op.get_type_name() == "Constant"
+    )
+
+
+def _read(core: Any, counted: OvCounted) -> Any:
+    """The `ov.Model` to compile: weights read now, from the descriptors sent."""
+    if counted.model is not None:
+        return counted.model
+    try:
+        if counted.onnx is not None:
+            return core.read_model(inlined(counted.onnx).SerializeToString())
+        weights = b""
+        if counted.weights is not None and counted.reach:
+            weights = read_span(counted.weights, 0, counted.reach, "the IR's weights file")
+        return core.read_model(counted.ir, weights)
+    except IllegalArgumentError:
+        raise
+    except Exception as exc:
+        raise IllegalArgumentError(_ADVICE.format(str(exc).strip().splitlines()[-1])) from None
 
 
 def _nothing() -> None:
@@ -124,11 +175,7 @@ class OvSession:
         props: dict[str, str],
         streams: int = 1,
     ) -> None:
-        self.weight_bytes = sum(
-            int(op.get_byte_size())
-            for op in model.get_ordered_ops()
-            if op.get_type_name() == "Constant"
-        )
+        self.weight_bytes = _constant_bytes(model)
         self.target = device
         self._listed = supported(core, device)
         config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY"}
@@ -287,15 +334,25 @@ class OpenVinoDriver(RealDriver):
                 log.info("%s reports no memory size (%s); using the default", self.device, exc)
         return REAL_DEFAULT_CAPACITY_BYTES
 
-    def _open(
-        self, device: int, model: ModelSource, path: str | Path | None, band: int
-    ) -> OvSession:
+    def _check_path(self, path: str | Path) -> None:
+        if Path(path).suffix not in (".onnx", ".xml"):
+            raise IllegalArgumentError(
+                f"path must be an ONNX (.onnx) or IR (.xml) file; got {path}"
+            )
+
+    def _count(self, model: ModelSource, sidecars: Mapping[str, int]) -> OvCounted:
+        return count_for_openvino(model, sidecars)
+
+    def _open(self, device: int, counted: Counted, band: int) -> OvSession:
+        assert isinstance(counted, OvCounted)
         props = band_properties(band, len(self.specs[device].bands))
-        return OvSession(
+        session = OvSession(
             self.core,
-            _read(self.core, model, path),
+            _read(self.core, counted),
             self.device,
             self.inference_threads,
             props,
             streams=self.specs[device].channels,
         )
+        session.weight_bytes = counted.weight_bytes
+        return session

@@ -25,9 +25,11 @@ import numpy as np
 
 from npumanager.checks import check_int
 from npumanager.errors import CapacityError, IllegalArgumentError, UnknownModelError
+from npumanager.modelfiles import open_model_files
 from npumanager.schemas import EndReason, SchedulingConfig
 from npumanager.schemas.device import DeviceDescription, DeviceSpec, DeviceStatus
 from npumanager.schemas.limits import (
+    DEFAULT_MAX_MODEL_FILE_BYTES,
     INT32_MAX,
     INT64_MAX,
     MAX_RUNTIME_DEVICES,
@@ -36,7 +38,7 @@ from npumanager.schemas.limits import (
 )
 from npumanager.vendor_drivers.realexec.chain import chain_inputs, chain_model
 from npumanager.vendor_drivers.realexec.channels import ExecutionError
-from npumanager.vendor_drivers.realexec.session import Call, Session
+from npumanager.vendor_drivers.realexec.session import Call, Counted, Session
 from npumanager.vendor_drivers.realexec.submission import Submission
 from npumanager.vendor_drivers.realexec.work import Model, Work, effective_priority
 
@@ -63,8 +65,14 @@ class RealDriver(Submission):
     # For subclasses ---------------------------------------------------------------------
 
     @abstractmethod
-    def _open(self, device: int, model: ModelSource, path: str | Path | None, band: int) -> Session:
-        """Open a model on a device's runtime; a bad model raises `IllegalArgumentError`."""
+    def _count(self, model: ModelSource, sidecars: Mapping[str, int]) -> Counted:
+        """Parse a model (bytes or the runtime's own object) and count its weight bytes,
+        allocating nothing for them yet; a bad model raises `IllegalArgumentError`.
+        `sidecars` are the files it keeps weights in, by name, as descriptors."""
+
+    @abstractmethod
+    def _open(self, device: int, counted: Counted, band: int) -> Session:
+        """Open a counted model on a device's runtime (reading its weights files now)."""
 
     def _band_changed(self, session: Session, device: int, uid: int) -> None:
         """Relay the band of the model's uid to the runtime (`Session.set_band`)."""
@@ -138,11 +146,18 @@ class RealDriver(Submission):
         weight_bytes: int | None = None,
         sram_bytes: int = 0,
         uid: int | None = None,
+        sidecars: Mapping[str, int] | None = None,
+        max_weight_bytes: int | None = None,
     ) -> int:
         """Open a model (`model=` bytes or a runtime model object, or `path=`) and account
         its real weight bytes; with only `weight_bytes`, account bytes without a session.
 
-        A model that is not valid or does not fit raises, and nothing is loaded.
+        The weights are counted from the model before anything is allocated for them: a
+        model over `max_weight_bytes` (what its grant allows) or the device's free memory
+        is refused first. `sidecars` are the files the model keeps weights in (ONNX
+        external data, an IR's `.bin`) as descriptors by name; with `path=` they are opened
+        beside the model file. No runtime is ever given a path. A model that is not valid
+        or does not fit raises, and nothing is loaded.
         """
         self._check_open()
         d = self._device(device)
@@ -151,21 +166,30 @@ class RealDriver(Submission):
             raise CapacityError(
                 f"sram_bytes {sram} exceeds device {d}'s SRAM of {self.specs[d].sram_bytes} bytes"
             )
+        if max_weight_bytes is not None:
+            check_int("max_weight_bytes", max_weight_bytes, 0, INT64_MAX)
         if model is None and path is None:
             if weight_bytes is None:
                 raise IllegalArgumentError("give model=, path= or weight_bytes=")
-            return self._account(d, check_int("weight_bytes", weight_bytes, 0, INT64_MAX), None)
+            weight = check_int("weight_bytes", weight_bytes, 0, INT64_MAX)
+            self._check_room(d, weight, max_weight_bytes)
+            return self._account(d, weight, None)
+        if model is not None and path is not None:
+            raise IllegalArgumentError("give exactly one of model= and path=")
         last = len(self.specs[d].bands) - 1
         band = last if uid is None else self._band(d, check_int("uid", uid, 0, INT32_MAX))
-        session = self._open(d, model, path, band)
-        if weight_bytes is not None and weight_bytes != session.weight_bytes:
-            session.close()
-            raise IllegalArgumentError(
-                f"weight_bytes={weight_bytes} but the model's weights hold "
-                f"{session.weight_bytes} bytes"
-            )
+        if path is not None:
+            self._check_path(path)
+            with open_model_files(path, DEFAULT_MAX_MODEL_FILE_BYTES) as files:
+                counted = self._count(files.data, files.sidecars)
+                self._check_counted(d, counted, weight_bytes, max_weight_bytes)
+                session = self._open(d, counted, band)
+        else:
+            counted = self._count(model, sidecars or {})
+            self._check_counted(d, counted, weight_bytes, max_weight_bytes)
+            session = self._open(d, counted, band)
         try:
-            handle = self._account(d, session.weight_bytes, session)
+            handle = self._account(d, counted.weight_bytes, session)
         except Exception:
             session.close()
             raise
@@ -175,6 +199,35 @@ class RealDriver(Submission):
                 entry.uid = check_int("uid", uid, 0, INT32_MAX)
                 self._band_changed(session, d, uid)
         return handle
+
+    def _check_path(self, path: str | Path) -> None:
+        """Refuse a `path=` this runtime cannot take (by its suffix); any by default."""
+
+    def _check_counted(
+        self, device: int, counted: Counted, weight_bytes: int | None, allowed: int | None
+    ) -> None:
+        if weight_bytes is not None and weight_bytes != counted.weight_bytes:
+            raise IllegalArgumentError(
+                f"weight_bytes={weight_bytes} but the model's weights hold "
+                f"{counted.weight_bytes} bytes"
+            )
+        self._check_room(device, counted.weight_bytes, allowed)
+
+    def _check_room(self, device: int, weight: int, allowed: int | None) -> None:
+        """Refuse weights over what the grant allows or the device has free, before any
+        memory is taken for them."""
+        if allowed is not None and weight > allowed:
+            raise CapacityError(
+                f"the model's weights hold {weight} bytes, more than the {allowed} its grant "
+                "allows: ask for a larger size class or declare weight_bytes when requesting"
+            )
+        with self._lock:
+            free = self.specs[device].weight_memory_bytes - self._used[device]
+        if weight > free:
+            raise CapacityError(
+                f"the model's {weight} weight bytes do not fit on device {device}: "
+                f"{free} of {self.specs[device].weight_memory_bytes} bytes free"
+            )
 
     def _account(self, device: int, weight: int, session: Session | None) -> int:
         with self._lock:

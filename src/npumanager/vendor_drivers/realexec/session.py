@@ -80,6 +80,12 @@ class InputSpec:
         return f"{self.name}: {self.dtype}[{dims}]"
 
 
+class Counted(Protocol):
+    """A model parsed and its weights counted, before anything is allocated for them."""
+
+    weight_bytes: int
+
+
 class Session(Protocol):
     """One model opened in a runtime, ready to run on any channel."""
 
