@@ -28,9 +28,9 @@ from typing import Any
 
 from _report import Progress, Target, print_report  # beside this script
 
-from npumanager.core.actions import Action, CanLoad, RequestKey
-from npumanager.core.arbiter import Arbiter
-from npumanager.core.policy import Policy
+from npumanager.core.arbiter.actions import Action, CanLoad, RequestKey
+from npumanager.core.arbiter.arbiter import Arbiter
+from npumanager.core.arbiter.policy import Policy
 from npumanager.plugins.policies.budget import BudgetPolicy, NaiveBudgetPolicy
 from npumanager.schemas import Importance, ModelLoadRequest, ModelSize
 
@@ -132,8 +132,8 @@ def measure_service(tracked: int, samples: int) -> list[float]:
 
     The time runs from `request_can_load_model` until the decision's callback has run.
     """
-    from npumanager.core.dispatch import run_inline
-    from npumanager.core.service import Service
+    from npumanager.core.client.dispatch import run_inline
+    from npumanager.core.service.service import Service
 
     service = Service("reference", "budget", clock="virtual")
     quiet = _Quiet()

@@ -48,7 +48,7 @@ from _report import Progress, Target, print_report  # beside this script
 from ipc import _percentile, raw_round  # the same raw client, beside this script
 
 import npumanager as npu
-from npumanager.daemon import protocol as wire
+from npumanager.daemon.wire import protocol as wire
 
 ATTACK_UID = 20021
 SOCKET_GID = 20000

@@ -20,7 +20,7 @@ from typing import Any
 
 from _report import Progress, Target, print_report  # beside this script
 
-from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.schemas import EndReason, SchedulingConfig
 from npumanager.schemas.device import DeviceSpec, Scheduler
 from npumanager.vendor_drivers.vnpu import VnpuDriver

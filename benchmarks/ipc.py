@@ -50,8 +50,8 @@ import ipc_inference
 from _report import Progress, Target, print_report
 
 import npumanager as npu
-from npumanager.core.dispatch import run_inline
-from npumanager.daemon import protocol as wire
+from npumanager.core.client.dispatch import run_inline
+from npumanager.daemon.wire import protocol as wire
 
 TARGETS = [
     Target("p50_ratio", "<=", 2.5, why="issue 6: request to decision, p50 vs the echo"),
@@ -280,7 +280,7 @@ def latency_rounds(tmp: str, samples: int, rounds: int) -> dict[str, list[tuple[
 
 _IDLE_FLOOD = """
 import os, socket, sys
-from npumanager.daemon import protocol as wire
+from npumanager.daemon.wire import protocol as wire
 if os.geteuid() == 0:
     os.setgroups([20000]); os.setgid(20021); os.setuid(20021)
 held = []

@@ -37,7 +37,7 @@ import numpy as np
 from _report import Progress
 
 import npumanager as npu
-from npumanager.core.service import Service
+from npumanager.core.service.service import Service
 from npumanager.schemas.limits import CHAIN_WIDTH
 
 PERIOD_S = 1 / 60

@@ -31,8 +31,8 @@ from typing import Any
 
 from _report import Progress, Target, print_report  # beside this script
 
-from npumanager.core.events import WorkEvent
-from npumanager.core.plugins import PluginRegistry, load_plugins
+from npumanager.core.driver.events import WorkEvent
+from npumanager.core.plugins.registry import PluginRegistry, load_plugins
 from npumanager.simulation.runner import run_direct, run_managed
 from npumanager.simulation.scenario import load_scenario
 from npumanager.telemetry import TelemetryHub

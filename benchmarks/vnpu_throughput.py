@@ -32,7 +32,7 @@ from typing import Any
 
 from _report import Progress, Target, print_report  # beside this script
 
-from npumanager.core.events import EventKind
+from npumanager.core.driver.events import EventKind
 from npumanager.schemas.device import DeviceSpec, Scheduler
 from npumanager.vendor_drivers.reference import ReferenceDriver
 from npumanager.vendor_drivers.vnpu import VnpuDriver

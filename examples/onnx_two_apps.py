@@ -28,7 +28,7 @@ import onnxruntime as ort  # type: ignore[import-untyped]
 from onnx import TensorProto, helper, numpy_helper
 
 import npumanager as npu
-from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.driver.events import EventKind, WorkEvent
 
 FOREGROUND, BACKGROUND = 10001, 10002
 SECONDS, PERIOD = 3.0, 1 / 60

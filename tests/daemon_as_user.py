@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
-import npumanager.cli
-from npumanager.daemon import server
+import npumanager.cli.program
+from npumanager.daemon.server import server
 
 
 def main() -> None:
@@ -28,7 +28,7 @@ def main() -> None:
         serve_forever(self)
 
     server.Daemon.serve_forever = drop_then_serve  # type: ignore[method-assign]
-    sys.exit(npumanager.cli.main(["serve", *args]))
+    sys.exit(npumanager.cli.program.main(["serve", *args]))
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ import npumanager as npu
 # Before the uid drops (the interpreter's files are root's): path= reads models with it.
 with contextlib.suppress(ImportError):
     import onnx  # noqa: F401
-import npumanager.core.lease
-import npumanager.core.snapshot
+import npumanager.core.client.lease
+import npumanager.core.service.snapshot
 
 _out_lock = threading.Lock()
 SHARED_BYTES = 256 << 20

@@ -50,8 +50,8 @@ from npumanager import (
     SchedulingConfig,
     hookimpl,
 )
-from npumanager.core.debounce import Debouncer
-from npumanager.core.driver import validate_configs
+from npumanager.core.driver.contract import validate_configs
+from npumanager.core.driver.debounce import Debouncer
 from npumanager.vendor_drivers.reference import CAPABILITIES as REFERENCE
 
 REAL_WAIT_LIMIT_US = 30_000_000

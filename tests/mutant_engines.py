@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from npumanager import CapacityError, EventKind, ReferenceEngine, SchedulingConfig
-from npumanager.core.scheduler import DeviceScheduler
+from npumanager.core.driver.scheduler import DeviceScheduler
 from npumanager.schemas import EndReason, StartReason
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from npumanager.core.actions import (
+from npumanager.core.arbiter.actions import (
     Action,
     CanLoad,
     Complete,
@@ -17,8 +17,8 @@ from npumanager.core.actions import (
     RequestUnload,
     Revoke,
 )
-from npumanager.core.arbiter import Arbiter, RequestInfo
-from npumanager.core.policy import Policy
+from npumanager.core.arbiter.arbiter import Arbiter, RequestInfo
+from npumanager.core.arbiter.policy import Policy
 from npumanager.errors import (
     DuplicateRequestError,
     IllegalArgumentError,

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npumanager.core.actions import RequestState
-from npumanager.core.arbiter import Arbiter
-from npumanager.core.policy import Entry, Policy, build_policy
-from npumanager.core.sortedlist import SortedKeys
+from npumanager.core.arbiter.actions import RequestState
+from npumanager.core.arbiter.arbiter import Arbiter
+from npumanager.core.arbiter.policy import Entry, Policy, build_policy
 from npumanager.schemas import ModelLoadRequest, ModelLoadStatus, PolicyRecord, UnloadReason
+from npumanager.sortedlist import SortedKeys
 from test_arbiter import kinds
 
 

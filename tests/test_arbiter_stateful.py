@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from npumanager.core.actions import (
+from npumanager.core.arbiter.actions import (
     Action,
     CanLoad,
     Complete,
@@ -25,8 +25,8 @@ from npumanager.core.actions import (
     RequestUnload,
     Revoke,
 )
-from npumanager.core.arbiter import Arbiter
-from npumanager.core.policy import Policy
+from npumanager.core.arbiter.arbiter import Arbiter
+from npumanager.core.arbiter.policy import Policy
 from npumanager.errors import (
     DuplicateRequestError,
     IllegalArgumentError,

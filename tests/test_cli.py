@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from npumanager.cli import main
+from npumanager.cli.program import main
 from npumanager.schemas import SCHEMA_MODELS
 
 

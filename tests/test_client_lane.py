@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 import npumanager as npu
-from npumanager.daemon.client_lane import ClientLane
-from npumanager.daemon.lane_frames import Kind, Status, encode_reply, encode_request
+from npumanager.daemon.client.lane import ClientLane
+from npumanager.daemon.wire.lane import Kind, Status, encode_reply, encode_request
 from npumanager.schemas.limits import MAX_LANE_SPIN_US
 
 FRAME = encode_request(Kind.INFER, 1, 0, (0, 4096))

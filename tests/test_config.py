@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from npumanager import ConfigError
-from npumanager.core.config import default_config_path, load_config
+from npumanager.core.plugins.config import default_config_path, load_config
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -15,7 +15,7 @@ import pytest
 from npumanager.testing.rules import RULES
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "acme-npu"
-CLI = "from npumanager.cli import entry; entry()"
+CLI = "from npumanager.cli.program import entry; entry()"
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from npumanager.cli import main
+from npumanager.cli.program import main
 from npumanager.testing.rules import RULES
 from npumanager.testing.runner import FAIL, PASS, SKIP, parse_junit, run_suite
 

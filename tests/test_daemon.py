@@ -37,11 +37,11 @@ from daemon_support import (
     open_socket_dir,
     serve_command,
 )
-from npumanager.core.events import EventKind, WorkEvent
-from npumanager.core.service import Service
+from npumanager.core.driver.events import EventKind, WorkEvent
+from npumanager.core.service.service import Service
 from npumanager.daemon.peer import answers
-from npumanager.daemon.protocol import FrameReader
-from npumanager.daemon.server import Daemon
+from npumanager.daemon.server.server import Daemon
+from npumanager.daemon.wire.protocol import FrameReader
 from npumanager.schemas import EndReason, ModelLoadRequestStatus, ModelLoadStatus, UnloadReason
 from npumanager.schemas.limits import PROTOCOL_VERSION
 

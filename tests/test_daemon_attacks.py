@@ -36,9 +36,9 @@ from daemon_support import (
     open_socket_dir,
     serve_command,
 )
-from npumanager.core.service import Service
-from npumanager.daemon.protocol import HELLO, FrameReader, encode
-from npumanager.daemon.server import Daemon
+from npumanager.core.service.service import Service
+from npumanager.daemon.server.server import Daemon
+from npumanager.daemon.wire.protocol import HELLO, FrameReader, encode
 from npumanager.schemas import ModelLoadStatus
 from npumanager.schemas.limits import LOG_BURST, OUTBOX_PAUSE_BYTES
 

@@ -35,8 +35,8 @@ from daemon_support import (
     DaemonProcess,
     open_socket_dir,
 )
-from npumanager.daemon import protocol as p
-from npumanager.daemon.shared_memory import sealed_memfd
+from npumanager.daemon.client.shared_memory import sealed_memfd
+from npumanager.daemon.wire import protocol as p
 from npumanager.schemas import ModelLoadStatus
 
 pytest.importorskip("onnxruntime")
@@ -298,7 +298,7 @@ class RawApp:
         frame = json.dumps({"op": "infer", "seq": seq, **body}).encode()
         with pytest.raises(npu.NpuManagerError) as caught:
             pending = self.client._pending
-            from npumanager.daemon.client_wire import _Pending
+            from npumanager.daemon.client.wire import _Pending
 
             pending[seq] = waiting = _Pending()
             self.client._sock.sendall(struct.pack(">I", len(frame)) + frame)

@@ -26,10 +26,11 @@ from onnx import TensorProto, helper
 import npumanager as npu
 import test_daemon_inference as inference
 from daemon_support import FOREGROUND_UID, DaemonProcess
-from npumanager.daemon import client_lane, remote_inference
-from npumanager.daemon import protocol as p
-from npumanager.daemon.lane import REFUSAL_PAUSE_S
-from npumanager.daemon.lane_frames import (
+from npumanager.daemon.client import inference as remote_inference
+from npumanager.daemon.client import lane as client_lane
+from npumanager.daemon.server.lane import REFUSAL_PAUSE_S
+from npumanager.daemon.wire import protocol as p
+from npumanager.daemon.wire.lane import (
     MAX_LANE_FRAME_BYTES,
     Kind,
     Reply,

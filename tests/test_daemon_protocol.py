@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import npumanager as npu
-from npumanager.daemon import protocol as p
+from npumanager.daemon.wire import protocol as p
 from npumanager.schemas.limits import MAX_FRAME_BYTES
 
 ids = st.integers(0, 2**63 - 1)

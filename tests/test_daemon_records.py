@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from npumanager.core.client import LoadedModel, ModelLoadStatusListener, NpuManager
-from npumanager.core.service import Service
-from npumanager.daemon import calls
-from npumanager.daemon.protocol import HELLO, FrameReader, LoadModel, RequestCanLoad, encode
-from npumanager.daemon.server import Daemon
+from npumanager.core.client.manager import LoadedModel, ModelLoadStatusListener, NpuManager
+from npumanager.core.service.service import Service
+from npumanager.daemon.server import calls
+from npumanager.daemon.server.server import Daemon
+from npumanager.daemon.wire.protocol import HELLO, FrameReader, LoadModel, RequestCanLoad, encode
 from npumanager.schemas import ModelLoadRequest
 
 APP_SIDE = {

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npumanager.core.debounce import Debouncer
-from npumanager.core.events import NO_REASON, EventKind, WorkEvent
+from npumanager.core.driver.debounce import Debouncer
+from npumanager.core.driver.events import NO_REASON, EventKind, WorkEvent
 from npumanager.schemas import EndReason, StartReason
 
 MS = 1000

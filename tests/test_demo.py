@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from npumanager.cli import main
+from npumanager.cli.program import main
 
 
 @pytest.fixture(scope="module", params=["vnpu", "reference"])

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from npumanager import EndReason, StartReason, ThermalSeverity
-from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.schemas.device import DEFAULT_BANDS, Band, DeviceSpec, Scheduler, ThermalSpec
 from npumanager.vendor_drivers.reference import ReferenceDriver
 from npumanager.vendor_drivers.simulated import SimulatedDriver

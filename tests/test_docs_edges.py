@@ -98,7 +98,7 @@ def test_the_health_interval_is_documented_with_its_defaults() -> None:
 
 
 def test_contributing_gives_the_registration_hooks_return_values_as_they_are() -> None:
-    from npumanager.core import hookspecs
+    from npumanager.core.plugins import hookspecs
 
     guide = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
     assert "a single record, or `None`" in guide

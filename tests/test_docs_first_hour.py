@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from npumanager.core import driver
+from npumanager.core.driver import contract as driver
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")

@@ -250,7 +250,7 @@ CHECKED = [b for b in BLOCKS if b.kind == "checked" and b.language == "sh"]
 
 @pytest.mark.parametrize("block", CHECKED, ids=[b.where for b in CHECKED])
 def test_the_checked_block_parses(block: Block) -> None:
-    from npumanager.cli import build_parser
+    from npumanager.cli.program import build_parser
 
     commands = _command_lines(block.body)
     assert commands, f"{block.where}: a checked block with no npu-manager command"
@@ -277,7 +277,7 @@ def test_the_toml_block_is_valid(block: Block, tmp_path: Path) -> None:
         played = subprocess.run(command, capture_output=True, text=True, check=False)
         assert played.returncode == 0, f"{block.where} does not play:\n{played.stderr}"
     if "plugins" in document:
-        from npumanager.core.config import load_config
+        from npumanager.core.plugins.config import load_config
 
         path = tmp_path / "config.toml"
         path.write_text(block.body)
@@ -319,10 +319,10 @@ def test_the_testing_package_is_in_the_reference_with_docstrings() -> None:
 
 
 def test_every_hook_spec_is_documented() -> None:
-    from npumanager.core import hookspecs
+    from npumanager.core.plugins import hookspecs
 
     assert (
-        ".. automodule:: npumanager.core.hookspecs"
+        ".. automodule:: npumanager.core.plugins.hookspecs"
         in (DOCS / "reference" / "hooks.rst").read_text()
     )
     hooks = [name for name in dir(hookspecs) if name.startswith("npumanager_")]
@@ -331,8 +331,8 @@ def test_every_hook_spec_is_documented() -> None:
 
 
 def test_the_generated_tables_follow_the_code() -> None:
-    from npumanager.core.states import TRANSITIONS
-    from npumanager.daemon import protocol
+    from npumanager.core.arbiter.states import TRANSITIONS
+    from npumanager.daemon.wire import protocol
 
     docsdata = _docsdata()
     assert [row[0] for row in docsdata.transition_rows()] == [f"`{s.value}`" for s in TRANSITIONS]

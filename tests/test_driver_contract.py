@@ -29,8 +29,8 @@ from npumanager import (
     VirtualClock,
     hookimpl,
 )
-from npumanager.core.events import NO_REASON, EventKind, WorkEvent
-from npumanager.core.plugins import PluginSource, load_plugins
+from npumanager.core.driver.events import NO_REASON, EventKind, WorkEvent
+from npumanager.core.plugins.registry import PluginSource, load_plugins
 from npumanager.errors import CapacityError, UnknownWorkError
 from npumanager.schemas import (
     DriverCapability,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.schemas import EndReason, SchedulingConfig
 from npumanager.schemas.device import (
     DEFAULT_BANDS,

@@ -16,7 +16,7 @@ from npumanager import (
     ModelSize,
     Service,
 )
-from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.errors import CapacityError, UnknownWorkError
 from npumanager.schemas.limits import GIB, grant_allowance_bytes
 

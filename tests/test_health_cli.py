@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 import health_trees as tree
-from npumanager.cli import main
-from npumanager.core.plugins import load_plugins
-from npumanager.daemon.serve import health_specs
+from npumanager.cli.program import main
+from npumanager.cli.serve import health_specs
+from npumanager.core.plugins.registry import load_plugins
 
 REAL_PSI = Path("/proc/pressure/memory")
 

@@ -15,8 +15,8 @@ import pytest
 
 import health_trees as tree
 import npumanager as npu
-from npumanager.core.health import HealthBoard
-from npumanager.core.service import Service
+from npumanager.core.plugins.health import HealthBoard
+from npumanager.core.service.service import Service
 from npumanager.errors import IllegalArgumentError, UnknownPluginError
 from npumanager.plugins.sinks import MemorySink
 from npumanager.schemas import HealthSample, ThermalReading, ThermalSeverity, UnloadReason
@@ -177,7 +177,7 @@ def test_a_broken_source_is_logged_once_and_counts_for_nothing(
 ) -> None:
     source = Source(RuntimeError("sensor on fire"))
     with (
-        caplog.at_level(logging.WARNING, logger="npumanager.core.health_monitor"),
+        caplog.at_level(logging.WARNING, logger="npumanager.core.service.health_monitor"),
         Service("vnpu", "pressure", clock="real", health=[source]) as service,
     ):
         wait_for(lambda: service.snapshot()["health"]["sources"][0]["error"])
@@ -250,7 +250,7 @@ def test_a_descriptor_that_keeps_reporting_an_error_is_polled_no_more(
 
     ticker.read = count  # type: ignore[method-assign]
     with (
-        caplog.at_level(logging.WARNING, logger="npumanager.core.health_monitor"),
+        caplog.at_level(logging.WARNING, logger="npumanager.core.service.health_monitor"),
         Service("vnpu", clock="real", health=[hung, ticker]),
     ):
         wait_for(lambda: reads >= 20)

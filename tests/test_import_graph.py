@@ -21,26 +21,19 @@ import npumanager
 ROOT = Path(npumanager.__file__).parent
 PACKAGE = "npumanager"
 
-SERVICE = {
-    f"{PACKAGE}.core.{name}"
-    for name in (
-        "service",
-        "backend",
-        "decisions",
-        "clocks",
-        "requests",
-        "telemetry_bridge",
-        "snapshot",
-    )
-}
-"""The service and its parts."""
-DRIVER_SIDE = {
-    f"{PACKAGE}.core.{name}"
-    for name in ("driver", "events", "debounce", "scheduler", "hookspecs", "sortedlist")
-}
+SERVICE = f"{PACKAGE}.core.service"
+"""The service and its parts (a package)."""
+DRIVER_SIDE = (f"{PACKAGE}.core.driver", f"{PACKAGE}.core.plugins.hookspecs")
 """What of the core a driver may import: the contract and what it needs."""
-LEAVES = {f"{PACKAGE}.errors", f"{PACKAGE}.checks", f"{PACKAGE}.modelfiles"}
+LEAVES = {
+    f"{PACKAGE}.errors",
+    f"{PACKAGE}.checks",
+    f"{PACKAGE}.modelfiles",
+    f"{PACKAGE}.sortedlist",
+}
 """Errors and leaf helpers: they import only the schemas (and a helper the errors it raises)."""
+LAYERED = (f"{PACKAGE}.core", f"{PACKAGE}.daemon")
+"""Packages whose subpackages are components of their own (`core.arbiter`, `daemon.wire`)."""
 
 
 def module_name(path: Path) -> str:
@@ -131,19 +124,15 @@ def forbidden(source: str, target: str) -> str | None:
         return "schemas import nothing of the package but schemas"
     if source in LEAVES and not (within(target, schemas) or target == f"{PACKAGE}.errors"):
         return "errors and leaf helpers import only schemas"
-    decides = source == f"{PACKAGE}.core.arbiter" or within(
-        source, f"{PACKAGE}.core.policy", f"{PACKAGE}.plugins.policies"
-    )
-    if decides and (
-        target in SERVICE or within(target, drivers, f"{PACKAGE}.daemon", f"{PACKAGE}.cli")
-    ):
+    decides = within(source, f"{PACKAGE}.core.arbiter", f"{PACKAGE}.plugins.policies")
+    if decides and within(target, SERVICE, drivers, f"{PACKAGE}.daemon", f"{PACKAGE}.cli"):
         return "the arbiter and the policies import neither the service, drivers, daemon nor CLI"
     if within(target, drivers) and not within(source, drivers):
         oracle = within(source, f"{PACKAGE}.testing") and within(target, f"{drivers}.reference")
         if source != PACKAGE and not oracle:
             return "nothing outside vendor_drivers imports a driver"
     if within(source, drivers) and not (
-        within(target, schemas, drivers) or target in LEAVES or target in DRIVER_SIDE
+        within(target, schemas, drivers, *DRIVER_SIDE) or target in LEAVES
     ):
         return "a driver imports only schemas, errors, leaf helpers and the driver side of core"
     if within(source, f"{PACKAGE}.core") and within(target, f"{PACKAGE}.daemon", f"{PACKAGE}.cli"):
@@ -151,11 +140,30 @@ def forbidden(source: str, target: str) -> str | None:
     return None
 
 
+def component(module: str) -> str:
+    """The component a module belongs to: a subpackage of `core` or `daemon`
+    (`npumanager.core.arbiter`), else a top-level module or package of npumanager."""
+    parts = module.split(".")
+    depth = 3 if ".".join(parts[:2]) in LAYERED else 2
+    return ".".join(parts[:depth])
+
+
+def component_graph() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for source, targets in graph().items():
+        mine = component(source)
+        edges.setdefault(mine, set()).update(
+            component(t) for t in targets if component(t) != mine and t != PACKAGE
+        )
+    return edges
+
+
 def test_the_graph_sees_every_kind_of_import() -> None:
     edges = graph()
     assert f"{PACKAGE}.schemas.enums" in edges[f"{PACKAGE}.schemas"]  # relative
-    assert f"{PACKAGE}.core.arbiter" in edges[f"{PACKAGE}.core.service"]  # from-import
-    assert f"{PACKAGE}.errors" in edges[f"{PACKAGE}.daemon.client"]  # from package import module
+    service, arbiter = f"{PACKAGE}.core.service.service", f"{PACKAGE}.core.arbiter.arbiter"
+    assert arbiter in edges[service]  # from-import
+    assert f"{PACKAGE}.errors" in edges[f"{PACKAGE}.daemon.client.client"]  # package import
     assert f"{PACKAGE}.testing.suite" in edges[f"{PACKAGE}.testing"]  # under TYPE_CHECKING
 
 
@@ -169,17 +177,26 @@ def test_no_import_cycles() -> None:
     assert cycles(graph()) == []
 
 
+def test_no_cycles_between_components() -> None:
+    """Layers and roles import one way: no component (`core.service`, `telemetry`,
+    `daemon.wire`, `plugins`...) reaches back to one that imports it."""
+    assert component("npumanager.core.arbiter.arbiter") == "npumanager.core.arbiter"
+    assert component("npumanager.telemetry.hub") == "npumanager.telemetry"
+    assert cycles(component_graph()) == []
+
+
 @pytest.mark.parametrize(
     ("source", "target"),
     [
-        (f"{PACKAGE}.schemas.device", f"{PACKAGE}.core.events"),
-        (f"{PACKAGE}.checks", f"{PACKAGE}.core.driver"),
-        (f"{PACKAGE}.core.arbiter", f"{PACKAGE}.core.service"),
+        (f"{PACKAGE}.schemas.device", f"{PACKAGE}.core.driver.events"),
+        (f"{PACKAGE}.checks", f"{PACKAGE}.core.driver.contract"),
+        (f"{PACKAGE}.core.arbiter.arbiter", f"{PACKAGE}.core.service.service"),
         (f"{PACKAGE}.plugins.policies.budget", f"{PACKAGE}.vendor_drivers.vnpu"),
-        (f"{PACKAGE}.core.service", f"{PACKAGE}.vendor_drivers.simulated"),
-        (f"{PACKAGE}.vendor_drivers.vnpu", f"{PACKAGE}.core.service"),
+        (f"{PACKAGE}.core.service.backend", f"{PACKAGE}.vendor_drivers.simulated"),
+        (f"{PACKAGE}.vendor_drivers.vnpu", f"{PACKAGE}.core.service.service"),
+        (f"{PACKAGE}.vendor_drivers.vnpu", f"{PACKAGE}.core.client.manager"),
         (f"{PACKAGE}.vendor_drivers.vnpu", f"{PACKAGE}.telemetry.hub"),
-        (f"{PACKAGE}.core.client", f"{PACKAGE}.daemon.client"),
+        (f"{PACKAGE}.core.client.manager", f"{PACKAGE}.daemon.client.client"),
     ],
 )
 def test_each_never_is_recognised(source: str, target: str) -> None:

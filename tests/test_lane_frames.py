@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npumanager.daemon.lane_frames import (
+from npumanager.daemon.wire.lane import (
     MAX_NAME_BYTES,
     REQUEST,
     Kind,
@@ -20,7 +20,7 @@ from npumanager.daemon.lane_frames import (
     encode_reply,
     encode_request,
 )
-from npumanager.daemon.tensors import DTYPES
+from npumanager.daemon.wire.tensors import DTYPES
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas.limits import INT32_MAX, MAX_PRIORITY, MAX_TENSOR_DIMS
 

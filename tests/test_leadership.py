@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from npumanager.daemon.leadership import Leadership
+from npumanager.daemon.server.leadership import Leadership
 
 
 def test_a_deferred_job_runs_while_the_standby_leads_and_shutdown_runs_once() -> None:

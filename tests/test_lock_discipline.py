@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from npumanager import Importance, ModelLoadRequestCallback, ModelLoadStatus, Service
-from npumanager.core.arbiter import Arbiter
+from npumanager.core.arbiter.arbiter import Arbiter
 from npumanager.errors import UnknownRequestError
 from npumanager.plugins.policies.budget import budget
 from npumanager.schemas import ModelLoadRequest, ModelSize

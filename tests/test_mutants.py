@@ -15,7 +15,7 @@ import pytest
 
 import mutant_drivers
 from mutant_drivers import MUTANTS, REAL, VIRTUAL, MutantDriver, on_wall_clock, records
-from npumanager.core.plugins import PluginRegistry, PluginSource
+from npumanager.core.plugins.registry import PluginRegistry, PluginSource
 from npumanager.schemas import DriverCapability
 from npumanager.schemas.limits import VTS_SEED
 from npumanager.testing.rules import RULES

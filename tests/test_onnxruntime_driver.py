@@ -18,9 +18,9 @@ import onnxruntime as ort  # type: ignore[import-untyped,unused-ignore]
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from npumanager.cli import main
-from npumanager.core.events import EventKind, WorkEvent
-from npumanager.core.plugins import load_plugins
+from npumanager.cli.program import main
+from npumanager.core.driver.events import EventKind, WorkEvent
+from npumanager.core.plugins.registry import load_plugins
 from npumanager.errors import CapacityError, IllegalArgumentError
 from npumanager.schemas import DriverCapability, EndReason, SchedulingConfig
 from npumanager.schemas.limits import CHAIN_WIDTH
@@ -110,7 +110,7 @@ def test_plugins_lists_without_the_extra() -> None:
         """
         import sys
         sys.modules["onnxruntime"] = None  # as if the extra were not installed
-        from npumanager.cli import main
+        from npumanager.cli.program import main
         assert main(["plugins"]) == 0
         """
     )

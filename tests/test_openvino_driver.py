@@ -15,9 +15,9 @@ pytest.importorskip("openvino")
 
 import openvino as ov
 
-from npumanager.cli import main
-from npumanager.core.events import EventKind, WorkEvent
-from npumanager.core.plugins import load_plugins
+from npumanager.cli.program import main
+from npumanager.core.driver.events import EventKind, WorkEvent
+from npumanager.core.plugins.registry import load_plugins
 from npumanager.errors import CapacityError, IllegalArgumentError
 from npumanager.schemas import DriverCapability, EndReason, SchedulingConfig
 from npumanager.schemas.limits import CHAIN_LAYERS, CHAIN_WIDTH

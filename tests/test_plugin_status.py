@@ -11,12 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from npumanager.core.plugins import BROKEN, DISABLED, EMPTY, LOADED, UNAVAILABLE, load_plugins
+from npumanager.core.plugins.registry import (
+    BROKEN,
+    DISABLED,
+    EMPTY,
+    LOADED,
+    UNAVAILABLE,
+    load_plugins,
+)
 from npumanager.errors import UnknownPluginError
 
 WITHOUT_EXTRAS = (
     "import sys; sys.modules['onnx'] = None; sys.modules['prometheus_client'] = None; "
-    "from npumanager.cli import entry; sys.argv[0] = 'npu-manager'; entry()"
+    "from npumanager.cli.program import entry; sys.argv[0] = 'npu-manager'; entry()"
 )
 """The real console entry point, as on a machine without the onnxruntime and prometheus extras."""
 

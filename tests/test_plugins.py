@@ -17,7 +17,7 @@ from npumanager import (
     WorkInfo,
     load_plugins,
 )
-from npumanager.core.config import Config, PluginsConfig, load_config
+from npumanager.core.plugins.config import Config, PluginsConfig, load_config
 
 UsePlugins = Callable[..., Path]
 

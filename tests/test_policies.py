@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from npumanager import PluginKind, load_plugins
-from npumanager.core.actions import CanLoad, RequestState
-from npumanager.core.arbiter import Arbiter
-from npumanager.core.policy import Policy, build_policy, validate_params
+from npumanager.core.arbiter.actions import CanLoad, RequestState
+from npumanager.core.arbiter.arbiter import Arbiter
+from npumanager.core.arbiter.policy import Policy, build_policy, validate_params
 from npumanager.errors import PolicyParamsError
 from npumanager.plugins.policies.budget import (
     BudgetParams,

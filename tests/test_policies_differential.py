@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from npumanager.core.arbiter import Arbiter
-from npumanager.core.policy import Policy
+from npumanager.core.arbiter.arbiter import Arbiter
+from npumanager.core.arbiter.policy import Policy
 from npumanager.errors import NpuManagerError
 from npumanager.plugins.policies.budget import BudgetPolicy, NaiveBudgetPolicy
 from npumanager.schemas import (

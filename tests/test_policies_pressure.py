@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from npumanager.core.actions import CanLoad, RelayConfigs, RequestKey, RequestState
-from npumanager.core.arbiter import Arbiter
+from npumanager.core.arbiter.actions import CanLoad, RelayConfigs, RequestKey, RequestState
+from npumanager.core.arbiter.arbiter import Arbiter
 from npumanager.plugins.policies.budget import budget
 from npumanager.plugins.policies.pressure import PressurePolicy, pressure
 from npumanager.schemas import (

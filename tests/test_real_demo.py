@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from npumanager.cli import main
+from npumanager.cli.program import main
 from npumanager.errors import UnknownModelError
 from npumanager.simulation.real_apps import AppScore, Runner, play
 from npumanager.simulation.real_demo import metrics

@@ -11,7 +11,7 @@ import pytest
 
 import npumanager as npu
 from npumanager import ModelLoadRequest
-from npumanager.core.service import Service
+from npumanager.core.service.service import Service
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas.limits import CHAIN_LAYERS, CHAIN_WIDTH
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npumanager.core.events import EventKind
+from npumanager.core.driver.events import EventKind
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import SchedulingConfig
 from npumanager.schemas.device import Band, DeviceSpec

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import EndReason, SchedulingConfig
 from npumanager.testing.base import lifecycle

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from npumanager.core import tomlfile
+from npumanager.core.plugins import tomlfile
 from npumanager.errors import ConfigError
 from npumanager.schemas.limits import (
     MAX_SCENARIO_APP_MS,
@@ -331,7 +331,7 @@ def test_app_colours_follow_the_name_and_avoid_the_curves() -> None:
 
 def test_the_picture_labels_the_capacity_and_the_unload_reasons() -> None:
     pytest.importorskip("matplotlib")
-    from npumanager.core.plugins import load_plugins
+    from npumanager.core.plugins.registry import load_plugins
     from npumanager.simulation.plot import build_figure
     from npumanager.simulation.runner import run_managed
     from npumanager.simulation.scenario import find_scenario, load_scenario
@@ -347,7 +347,7 @@ def test_the_picture_labels_the_capacity_and_the_unload_reasons() -> None:
 
 def test_the_picture_ticks_camera_misses_and_shades_throttled_stretches() -> None:
     pytest.importorskip("matplotlib")
-    from npumanager.core.plugins import load_plugins
+    from npumanager.core.plugins.registry import load_plugins
     from npumanager.simulation.plot import build_figure, throttled_stretches
     from npumanager.simulation.runner import run_direct
     from npumanager.simulation.scenario import find_scenario, load_scenario

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npumanager.core.events import EventKind
-from npumanager.core.scheduler import NEVER, DeviceScheduler, Job
+from npumanager.core.driver.events import EventKind
+from npumanager.core.driver.scheduler import NEVER, DeviceScheduler, Job
 from npumanager.schemas import EndReason, SchedulingConfig, StartReason
 from npumanager.schemas.device import DeviceSpec, Scheduler, ThermalSpec
 from npumanager.vendor_drivers.reference import ReferenceDriver

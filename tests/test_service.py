@@ -22,8 +22,8 @@ from npumanager import (
     Service,
     UnloadReason,
 )
-from npumanager.core.actions import RequestState
-from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.arbiter.actions import RequestState
+from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.errors import (
     DuplicateRequestError,
     FeatureNotDeclaredError,

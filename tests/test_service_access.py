@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from npumanager import ModelLoadRequest, ModelLoadRequestCallback, Service
-from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.errors import IllegalArgumentError, NpuPermissionError, UnknownRequestError
 from npumanager.schemas import EndReason, Importance, ModelLoadRequestStatus, ModelLoadStatus
 

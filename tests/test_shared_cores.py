@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from npumanager.core.events import EventKind
+from npumanager.core.driver.events import EventKind
 from npumanager.schemas import EndReason, SchedulingConfig
 from npumanager.testing.base import lifecycle
 from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver

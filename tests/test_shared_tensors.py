@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npumanager.daemon import protocol as p
-from npumanager.daemon import tensors
-from npumanager.daemon.segment import SharedSegment, read_model_file
-from npumanager.daemon.shared_memory import ClientSegment, sealed_memfd
+from npumanager.daemon.client.shared_memory import ClientSegment, sealed_memfd
+from npumanager.daemon.server.segment import SharedSegment, read_model_file
+from npumanager.daemon.wire import protocol as p
+from npumanager.daemon.wire import tensors
 from npumanager.errors import CapacityError, IllegalArgumentError
 from npumanager.schemas.limits import TENSOR_ALIGN_BYTES
 

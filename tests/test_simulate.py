@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from npumanager.cli import main
+from npumanager.cli.program import main
 
 
 def run(*argv: str) -> tuple[int, str, str]:

@@ -14,7 +14,7 @@ from npumanager import (
     ThermalSeverity,
     WorkInfo,
 )
-from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.errors import (
     CapacityError,
     DriverClosedError,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from npumanager.core.actions import RequestState
-from npumanager.core.arbiter import Arbiter
-from npumanager.core.states import (
+from npumanager.core.arbiter.actions import RequestState
+from npumanager.core.arbiter.arbiter import Arbiter
+from npumanager.core.arbiter.states import (
     COMMITTED,
     ENDED,
     HOLDING,

@@ -20,9 +20,9 @@ import pytest
 
 import npumanager as npu
 from daemon_support import open_socket_dir
+from npumanager.cli.units import NAMES, render
 from npumanager.daemon.peer import answers
-from npumanager.daemon.systemd import Notifier, inherited_sockets, notify_address
-from npumanager.daemon.units import NAMES, render
+from npumanager.daemon.server.systemd import Notifier, inherited_sockets, notify_address
 from npumanager.errors import NpuManagerError
 
 ACTIVATE = shutil.which("systemd-socket-activate")

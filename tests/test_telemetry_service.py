@@ -24,7 +24,7 @@ from npumanager import (
     UnloadReason,
     WorkEvent,
 )
-from npumanager.core.debounce import Debouncer
+from npumanager.core.driver.debounce import Debouncer
 from npumanager.errors import IllegalArgumentError, UnknownPluginError
 from npumanager.plugins.sinks import MemorySink
 from npumanager.schemas.limits import HEALTH_SAMPLE_INTERVAL_MS

@@ -8,7 +8,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from npumanager.core.events import NO_REASON, EventKind, WorkEvent
+from npumanager.core.driver.events import NO_REASON, EventKind, WorkEvent
 from npumanager.schemas import EndReason, StartReason
 from npumanager.simulation.progress import ProgressBar
 from npumanager.telemetry.slices import SliceBuilder

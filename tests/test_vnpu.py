@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from npumanager import EndReason, StartReason, ThermalSeverity, load_plugins
-from npumanager.core.events import NO_REASON, EventKind, WorkEvent
+from npumanager.core.driver.events import NO_REASON, EventKind, WorkEvent
 from npumanager.errors import DriverClosedError, IllegalArgumentError
 from npumanager.schemas import DriverCapability
 from npumanager.schemas.device import DeviceSpec, ThermalSpec

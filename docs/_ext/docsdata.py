@@ -122,7 +122,7 @@ ALIASES: dict[str, str] = {"SimulatedDriver": "EngineDriver"}
 
 DATA_DOCS: dict[str, str] = {
     "hookimpl": "The pluggy marker of a hook implementation: ``@hookimpl`` on a function "
-    "named after a hook of `npumanager.core.hookspecs`.",
+    "named after a hook of `npumanager.core.plugins.hookspecs`.",
     "TelemetryEvent": "What a sink's batch holds: a `WorkEvent`, `ModelLoadRequested`, "
     "`ModelLoadStateChanged` or `DeviceSample`.",
     "SCHEMA_MODELS": "Every HAL and API model by name, as ``npu-manager schema NAME`` prints "
@@ -253,7 +253,7 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def transition_rows() -> list[list[str]]:
     """One row per state: each step allowed there and where it leads."""
-    from npumanager.core.states import TRANSITIONS
+    from npumanager.core.arbiter.states import TRANSITIONS
 
     rows = []
     for state, row in TRANSITIONS.items():
@@ -271,7 +271,7 @@ def _attr_doc(owner: type, attribute: str) -> str:
 
 def protocol_messages() -> dict[str, list[type[Any]]]:
     """The wire protocol's messages by direction, read from its discriminated unions."""
-    from npumanager.daemon import protocol
+    from npumanager.daemon.wire import protocol
 
     def members(union: Any) -> list[type[Any]]:
         inner = get_args(union)[0] if typing.get_origin(union) is typing.Annotated else union
@@ -344,7 +344,7 @@ def cli_help() -> Iterator[tuple[str, str]]:
     """(command, its --help text) for `npu-manager` and each of its commands."""
     import argparse
 
-    from npumanager.cli import build_parser
+    from npumanager.cli.program import build_parser
 
     old = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "88"
@@ -365,7 +365,7 @@ def cli_help() -> Iterator[tuple[str, str]]:
 
 def command_output(command: str) -> str:
     """Stdout of one `npu-manager ...` command line, run in this process."""
-    from npumanager.cli import main
+    from npumanager.cli.program import main
 
     argv = shlex.split(command)
     if argv[0] != "npu-manager":

@@ -169,11 +169,11 @@ class ApiDirective(_Generated):
 class TransitionsDirective(_Generated):
     """``npu-transitions``: the arbiter's table of request states and steps."""
 
-    sources = ("npumanager.core.states", "npumanager.core.actions")
+    sources = ("npumanager.core.arbiter.states", "npumanager.core.arbiter.actions")
 
     def run(self) -> list[nodes.Node]:
-        from npumanager.core.actions import RequestState
-        from npumanager.core.states import Step
+        from npumanager.core.arbiter.actions import RequestState
+        from npumanager.core.arbiter.states import Step
 
         lines = _md_table(["state", "steps allowed: step -> next state"], transition_rows())
         lines += ["The states:", ""]
@@ -186,7 +186,7 @@ class TransitionsDirective(_Generated):
 class ProtocolDirective(_Generated):
     """``npu-protocol``: every message of the wire protocol, from its JSON Schema."""
 
-    sources = ("npumanager.daemon.protocol", "npumanager.schemas.limits")
+    sources = ("npumanager.daemon.wire.protocol", "npumanager.schemas.limits")
 
     def has_title(self) -> bool:
         return True
@@ -246,7 +246,7 @@ class VtsRulesDirective(_Generated):
 class CliDirective(_Generated):
     """``npu-cli``: the help of every command."""
 
-    sources = ("npumanager.cli",)
+    sources = ("npumanager.cli.program",)
 
     def has_title(self) -> bool:
         return True

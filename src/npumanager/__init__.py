@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from npumanager.core.client import (
+from npumanager.core.client.lease import AsyncLease, Lease, LeaseEndedError
+from npumanager.core.client.manager import (
     LoadedModel,
     ModelLoadRequestCallback,
     ModelLoadStatusListener,
     NpuManager,
 )
-from npumanager.core.driver import (
+from npumanager.core.driver.contract import (
     BatchCallback,
     Driver,
     DriverBase,
@@ -23,12 +24,11 @@ from npumanager.core.driver import (
     ThermalModel,
     VirtualClock,
 )
-from npumanager.core.events import EventKind, WorkEvent
-from npumanager.core.hookspecs import hookimpl
-from npumanager.core.lease import AsyncLease, Lease, LeaseEndedError
-from npumanager.core.plugins import PluginRegistry, load_plugins
-from npumanager.core.service import Service
-from npumanager.daemon.client import DaemonClient, connect
+from npumanager.core.driver.events import EventKind, WorkEvent
+from npumanager.core.plugins.hookspecs import hookimpl
+from npumanager.core.plugins.registry import PluginRegistry, load_plugins
+from npumanager.core.service.service import Service
+from npumanager.daemon.client.client import DaemonClient, connect
 from npumanager.errors import (
     CapacityError,
     ConfigError,

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from npumanager.daemon.client import DaemonClient, connect
+from npumanager.daemon.client.client import DaemonClient, connect
 from npumanager.daemon.peer import default_socket_path
 
 __all__ = ["DaemonClient", "connect", "default_socket_path"]

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from npumanager.core.hookspecs import hookimpl
+from npumanager.core.plugins.hookspecs import hookimpl
 from npumanager.errors import NpuManagerError
 from npumanager.schemas import SinkRecord
 

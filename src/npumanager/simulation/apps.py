@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.schemas import (
     EndReason,
     ModelLoadRequest,

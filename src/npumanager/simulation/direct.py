@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from npumanager.core.events import WorkEvent
-from npumanager.core.plugins import PluginRegistry, load_plugins
+from npumanager.core.driver.events import WorkEvent
+from npumanager.core.plugins.registry import PluginRegistry, load_plugins
 from npumanager.errors import CapacityError, NpuManagerError
 from npumanager.schemas.device import DeviceStatus
 from npumanager.schemas.limits import (

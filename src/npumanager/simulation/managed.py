@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from npumanager.core.plugins import PluginRegistry, load_plugins
-from npumanager.core.policy import build_policy
+from npumanager.core.arbiter.policy import build_policy
+from npumanager.core.plugins.registry import PluginRegistry, load_plugins
 from npumanager.errors import NpuManagerError
 from npumanager.simulation.apps import AppRun, ManagedApp, route
 from npumanager.simulation.results import Collector, Progress, RunResult, Sample, finish, sample
@@ -56,7 +56,7 @@ def run_managed(
     progress: Progress | None = None,
 ) -> RunResult:
     """The same apps as clients of the service, under the scenario's policy."""
-    from npumanager.core.service import Service
+    from npumanager.core.service.service import Service
 
     registry = registry or load_plugins()
     check_policy(scenario, registry)

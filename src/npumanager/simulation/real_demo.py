@@ -20,9 +20,9 @@ import threading
 import time
 from typing import Any
 
-from npumanager.core.driver import TimedWork
-from npumanager.core.plugins import PluginRegistry
-from npumanager.core.service import Service
+from npumanager.core.driver.contract import TimedWork
+from npumanager.core.plugins.registry import PluginRegistry
+from npumanager.core.service.service import Service
 from npumanager.errors import NpuManagerError
 from npumanager.schemas import ModelLoadRequest, ModelSize
 from npumanager.schemas.limits import MAX_REAL_DEMO_COST_US

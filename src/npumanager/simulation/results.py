@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from npumanager.core.events import WorkEvent
+from npumanager.core.driver.events import WorkEvent
 from npumanager.schemas.device import DeviceStatus
 from npumanager.simulation.scenario import App
 

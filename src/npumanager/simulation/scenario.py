@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Self, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from npumanager.core.tomlfile import read_toml
+from npumanager.core.plugins.tomlfile import read_toml
 from npumanager.errors import ConfigError
 from npumanager.schemas import Importance, ModelPriority, ModelSize
 from npumanager.schemas.device import DeviceSpec

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from npumanager.core.events import WorkEvent
+from npumanager.core.driver.events import WorkEvent
 from npumanager.telemetry.events import (
     DeviceSample,
     ModelLoadRequested,

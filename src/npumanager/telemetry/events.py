@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import IntEnum
 from typing import NamedTuple, TypeAlias
 
-from npumanager.core.events import WorkEvent
+from npumanager.core.driver.events import WorkEvent
 from npumanager.schemas import ModelLoadRequestStatus, ModelLoadStatus
 
 NO_VALUE = -1

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from npumanager.checks import check_int
-from npumanager.core.debounce import Debouncer
-from npumanager.core.events import WorkEvent
+from npumanager.core.driver.debounce import Debouncer
+from npumanager.core.driver.events import WorkEvent
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas.limits import MAX_DEBOUNCE_DURATION_MS, MAX_SINK_QUEUE_EVENTS
 from npumanager.telemetry.events import TelemetryEvent

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from npumanager.core.actions import CanLoad, Complete, RequestKey, RequestUnload, Revoke
+from npumanager.core.arbiter.actions import CanLoad, Complete, RequestKey, RequestUnload, Revoke
 from npumanager.schemas import ModelLoadRequest
 from npumanager.telemetry.events import (
     NO_VALUE,

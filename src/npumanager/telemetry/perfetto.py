@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from npumanager.checks import check_int
-from npumanager.core.events import WorkEvent
+from npumanager.core.driver.events import WorkEvent
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import EndReason, StartReason, ThermalSeverity, UnloadReason
 from npumanager.schemas.limits import MAX_DEVICES

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.exposition import generate_latest
 
 from npumanager.checks import check_int
-from npumanager.core.events import NO_REASON, EventKind, WorkEvent
+from npumanager.core.driver.events import NO_REASON, EventKind, WorkEvent
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import EndReason, StartReason
 from npumanager.schemas.limits import WORK_DURATION_BUCKETS_S

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from enum import IntEnum
 from typing import Any
 
-from npumanager.core.events import NO_REASON, EventKind, WorkEvent
+from npumanager.core.driver.events import NO_REASON, EventKind, WorkEvent
 from npumanager.schemas import (
     EndReason,
     ModelPriority,

@@ -13,7 +13,7 @@ import heapq
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
-from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.driver.events import EventKind, WorkEvent
 
 
 class Slice(NamedTuple):

@@ -23,7 +23,7 @@ What a subclass may set or override:
 - ``thread_safe``: True if ``submit`` may be called from several threads at once.
 - ``real_time_timeout_s``: how long a real-time wait may take before the test fails.
 
-The driver interface the suite uses is the `Driver` protocol of `npumanager.core.driver`
+The driver interface the suite uses is the `Driver` protocol of `npumanager.core.driver.contract`
 (exported as `npumanager.Driver`), where every member is documented: the scheduling HAL
 (``set_scheduling_configs``, ``update_scheduling_configs``, ``scheduling_configs``,
 ``set_callback``, ``debounce_duration_ms``), the devices (``device_count``,

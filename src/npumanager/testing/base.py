@@ -12,8 +12,8 @@ from typing import Any, ClassVar, TypeVar
 
 import pytest
 
-from npumanager.core.driver import TimedWork
-from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.driver.contract import TimedWork
+from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.schemas import (
     DriverCapability,
     DriverRecord,
@@ -116,7 +116,7 @@ class SuiteBase:
                 f"{type(self).__name__} sets no driver_name and overrides no driver_factory "
                 "(or run pytest with --npu-driver NAME)"
             )
-        from npumanager.core.plugins import load_plugins
+        from npumanager.core.plugins.registry import load_plugins
 
         return load_plugins().driver(name)
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import DriverCapability, EndReason, SchedulingConfig, StartReason, WorkInfo
 from npumanager.testing.base import (

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.schemas import DriverCapability, EndReason, SchedulingConfig, StartReason
 from npumanager.schemas.limits import VTS_ID_ITEMS
 from npumanager.testing.base import (

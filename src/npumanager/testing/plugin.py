@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from npumanager.core.plugins import PluginRegistry
+    from npumanager.core.plugins.registry import PluginRegistry
     from npumanager.schemas import DriverRecord
 
 
@@ -74,7 +74,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> object:
 @pytest.fixture(scope="session")
 def npu_registry() -> PluginRegistry:
     """Every installed npu-manager plugin, loaded once per session."""
-    from npumanager.core.plugins import load_plugins
+    from npumanager.core.plugins.registry import load_plugins
 
     return load_plugins()
 

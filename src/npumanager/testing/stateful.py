@@ -24,7 +24,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from npumanager.core.events import EventKind, WorkEvent
+from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.errors import CapacityError
 from npumanager.schemas import EndReason, SchedulingConfig, StartReason, ThermalSeverity
 from npumanager.schemas.device import DeviceSpec

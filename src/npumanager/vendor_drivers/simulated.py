@@ -4,7 +4,7 @@ A simulated device is an `Engine`; the face checks every argument once, here, so
 engine sees only valid calls and raises the same errors. It keeps the driver clock and
 moves events from the engine to the callback (through the debouncer) or, with no callback
 registered, keeps them for `take_events`. A driver for a real runtime implements the
-`Driver` protocol (`npumanager.core.driver`) itself and needs none of this.
+`Driver` protocol (`npumanager.core.driver.contract`) itself and needs none of this.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from npumanager.checks import GroupId, check_device, check_int, group_bytes
-from npumanager.core.driver import Driver, DriverBase
-from npumanager.core.events import WorkEvent
+from npumanager.core.driver.contract import Driver, DriverBase
+from npumanager.core.driver.events import WorkEvent
 from npumanager.errors import DriverClosedError, IllegalArgumentError
 from npumanager.schemas import EndReason, SchedulingConfig
 from npumanager.schemas.device import DeviceDescription, DeviceSpec, DeviceStatus

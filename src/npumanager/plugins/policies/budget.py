@@ -15,8 +15,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
-from npumanager.core.actions import RequestState
-from npumanager.core.policy import (
+from npumanager.core.arbiter.actions import RequestState
+from npumanager.core.arbiter.policy import (
     COMMITTED,
     HOLDING,
     PENDING,
@@ -26,9 +26,9 @@ from npumanager.core.policy import (
     make_room,
     validate_params,
 )
-from npumanager.core.sortedlist import SortedKeys
 from npumanager.schemas import ModelSize, UnloadReason
 from npumanager.schemas.limits import DEFAULT_BUDGET_WEIGHTS, DEFAULT_MAX_BUDGET, MAX_BUDGET_VALUE
+from npumanager.sortedlist import SortedKeys
 
 Key = tuple[int, int, int, int]
 """(priority, last completion, uid, arrival): a request's place, most important first."""

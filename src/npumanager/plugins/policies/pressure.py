@@ -29,8 +29,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
-from npumanager.core.actions import RequestState
-from npumanager.core.policy import (
+from npumanager.core.arbiter.actions import RequestState
+from npumanager.core.arbiter.policy import (
     COMMITTED,
     HOLDING,
     Entry,
@@ -40,7 +40,6 @@ from npumanager.core.policy import (
     make_room,
     validate_params,
 )
-from npumanager.core.sortedlist import SortedKeys
 from npumanager.schemas import (
     Importance,
     ModelPriority,
@@ -57,6 +56,7 @@ from npumanager.schemas.limits import (
     MIN_PRIORITY,
     NOMINAL_MODEL_BYTES,
 )
+from npumanager.sortedlist import SortedKeys
 
 PositiveInt = Annotated[int, Strict(), Field(gt=0)]
 PriorityInt = Annotated[int, Strict(), Field(ge=MIN_PRIORITY, le=MAX_PRIORITY)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from npumanager.core.hookspecs import hookimpl
+from npumanager.core.plugins.hookspecs import hookimpl
 from npumanager.schemas import PolicyRecord
 
 from .budget import BudgetParams, budget, turn_taking

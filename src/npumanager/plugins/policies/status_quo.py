@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from npumanager.core.actions import RequestState
-from npumanager.core.policy import PENDING, Entry, Policy, validate_params
+from npumanager.core.arbiter.actions import RequestState
+from npumanager.core.arbiter.policy import PENDING, Entry, Policy, validate_params
 from npumanager.schemas import UnloadReason
 
 

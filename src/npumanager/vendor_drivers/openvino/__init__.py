@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from npumanager.core.hookspecs import hookimpl
+from npumanager.core.plugins.hookspecs import hookimpl
 from npumanager.schemas import DriverCapability, DriverRecord
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from npumanager.checks import check_device, check_int
-from npumanager.core.driver import DriverBase
-from npumanager.core.events import EventKind, WorkEvent
-from npumanager.core.scheduler import DeviceScheduler
+from npumanager.core.driver.contract import DriverBase
+from npumanager.core.driver.events import EventKind, WorkEvent
+from npumanager.core.driver.scheduler import DeviceScheduler
 from npumanager.errors import (
     DriverClosedError,
     ExecutionError,

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from npumanager.checks import GroupId, check_int, group_bytes
-from npumanager.core.events import NO_REASON
+from npumanager.core.driver.events import NO_REASON
 from npumanager.errors import IllegalArgumentError, UnknownModelError
 from npumanager.schemas.limits import (
     INT32_MAX,

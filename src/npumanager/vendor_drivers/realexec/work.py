@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from npumanager.core.scheduler import Job
+from npumanager.core.driver.scheduler import Job
 from npumanager.schemas import SchedulingConfig
 from npumanager.schemas.limits import REAL_UNKNOWN_CONFIGS_KEPT, UNKNOWN_UID_PRIORITY
 from npumanager.vendor_drivers.realexec.session import Call, Session

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from npumanager.core.hookspecs import hookimpl
+from npumanager.core.plugins.hookspecs import hookimpl
 from npumanager.schemas import DriverCapability, DriverRecord
 from npumanager.vendor_drivers.reference.engine import ReferenceEngine
 from npumanager.vendor_drivers.simulated import Engine, EngineDriver

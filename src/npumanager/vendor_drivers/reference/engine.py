@@ -40,8 +40,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from npumanager.core.events import NO_REASON, EventKind, WorkEvent
-from npumanager.core.scheduler import DeviceScheduler, Job
+from npumanager.core.driver.events import NO_REASON, EventKind, WorkEvent
+from npumanager.core.driver.scheduler import DeviceScheduler, Job
 from npumanager.errors import (
     CapacityError,
     UnknownDeviceError,

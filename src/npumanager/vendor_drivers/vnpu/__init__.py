@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from npumanager.checks import check_int
-from npumanager.core.hookspecs import hookimpl
+from npumanager.core.plugins.hookspecs import hookimpl
 from npumanager.errors import IllegalArgumentError, NpuManagerError
 from npumanager.schemas import DriverCapability, DriverRecord
 from npumanager.schemas.device import DeviceSpec

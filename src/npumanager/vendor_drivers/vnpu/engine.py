@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
-from npumanager.core.events import WorkEvent
+from npumanager.core.driver.events import WorkEvent
 from npumanager.errors import (
     CapacityError,
     DriverClosedError,

@@ -1,0 +1,1 @@
+"""The app's side: `NpuManager`, its callbacks, leases, and callback delivery."""

@@ -1,0 +1,2 @@
+"""The daemon's clients: `connect()`, the remote backend, shared memory and
+lanes."""

@@ -1,0 +1,135 @@
+"""What one client frame means: the hello, then calls answered by a reply or an error.
+
+A handler's own errors (an unknown request, a permission, a quota) reach the client as
+an error reply carrying the exception's class; anything else is an internal error, logged
+and answered as `DaemonError`. A `ProtocolError` escapes to the loop, which closes that
+connection only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+from npumanager.core.service.service import Service
+from npumanager.daemon.server.calls import Handler, NoReply
+from npumanager.daemon.server.connection import Connection
+from npumanager.daemon.server.info import InfoCache
+from npumanager.daemon.server.stats import DaemonStats
+from npumanager.daemon.wire import protocol as p
+from npumanager.errors import DaemonError, NpuManagerError
+from npumanager.schemas.limits import INT32_MAX, PROTOCOL_VERSION
+
+log = logging.getLogger("npumanager.daemon.server.server")
+
+_CALL_ERRORS = (NpuManagerError, TypeError, ValueError, LookupError, PermissionError)
+
+
+class FrameHandler:
+    """Turns a connection's frames into calls on the service and frames back."""
+
+    def __init__(
+        self,
+        service: Service,
+        handlers: dict[type[p.Call], Handler],
+        info: InfoCache,
+        stats: DaemonStats,
+        run_ready: Callable[[], None],
+        said_hello: Callable[[Connection], None],
+    ) -> None:
+        self.service = service
+        self.info = info
+        self.stats = stats
+        self._run_ready = run_ready
+        self._said_hello = said_hello
+        self._handlers: dict[type[p.Call], Handler] = {**handlers, p.Info: self._on_info}
+
+    def handle(self, connection: Connection, body: bytes) -> None:
+        """Parse and act on one frame body; `ProtocolError` if the frame is not allowed."""
+        self.stats.frames_in += 1
+        try:
+            message = p.parse_client(body)
+        except p.ProtocolError as exc:
+            seq = p.answerable_seq(body) if connection.manager is not None else None
+            if seq is None:
+                raise
+            # A malformed real-inference call is answered, and the connection stays; a
+            # descriptor it may have carried is not left for the next frame.
+            self.stats.call_errors += 1
+            connection.close_descriptors()
+            connection.send(p.Error(seq=seq, kind="IllegalArgumentError", message=clip(str(exc))))
+            return
+        if isinstance(message, p.Hello):
+            self._hello(connection, message)
+            return
+        if connection.manager is None:
+            raise p.ProtocolError("the first frame of a connection must be a hello")
+        assert isinstance(message, p.Call)
+        seq = message.seq
+        if not isinstance(message, p.Info):
+            self.info.changed()
+        try:
+            result = self._handlers[type(message)](connection, message)
+        except Exception as exc:
+            connection.send(call_error(seq, exc, self.stats, message.op, connection.peer.uid))
+            return
+        # The call's own callbacks go first, as they run before an in-process call returns.
+        self._run_ready()
+        if isinstance(result, NoReply):
+            return
+        if result is None:
+            connection.send_frame(p.reply_frame(seq))
+        elif isinstance(result, bytes):
+            connection.send_frame(p.result_frame(seq, result))
+        else:
+            connection.send(p.Reply(seq=seq, result=result))
+
+    def _hello(self, connection: Connection, hello: p.Hello) -> None:
+        if connection.manager is not None:
+            raise p.ProtocolError("a connection says hello only once")
+        if hello.version != PROTOCOL_VERSION:
+            raise p.ProtocolError(
+                f"protocol version {hello.version} is not supported; this daemon speaks "
+                f"version {PROTOCOL_VERSION}"
+            )
+        peer = connection.peer
+        if peer.uid > INT32_MAX:
+            raise p.ProtocolError(
+                f"uid {peer.uid} is outside the uids the scheduling HAL carries "
+                f"(0..{INT32_MAX}); this daemon cannot serve it"
+            )
+        self._said_hello(connection)
+        connection.manager = self.service.manager(
+            peer.uid, pid=peer.pid, uses_feature=hello.uses_feature
+        )
+        connection.send(
+            p.Welcome(
+                version=PROTOCOL_VERSION,
+                uid=peer.uid,
+                pid=peer.pid,
+                gid=peer.gid,
+                daemon_pid=os.getpid(),
+                management=connection.management,
+            )
+        )
+
+    def _on_info(self, connection: Connection, message: p.Info) -> bytes:
+        uid = None if connection.management else connection.peer.uid
+        return self.info.result_json(uid, message.offset, message.limit)
+
+
+def call_error(seq: int, exc: Exception, stats: DaemonStats, op: str, uid: int) -> p.Error:
+    """The error reply to a call that raised: its own errors by class, anything else an
+    internal error (logged, answered as `DaemonError`)."""
+    if isinstance(exc, _CALL_ERRORS):
+        stats.call_errors += 1
+        return p.Error(seq=seq, kind=type(exc).__name__, message=clip(str(exc)))
+    stats.internal_errors += 1
+    log.error("internal error handling %s from uid %d", op, uid, exc_info=exc)
+    return p.Error(seq=seq, kind=DaemonError.__name__, message=clip(repr(exc)))
+
+
+def clip(text: str, limit: int = 4000) -> str:
+    """`text`, cut to fit an error frame's message."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."

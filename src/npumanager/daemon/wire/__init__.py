@@ -1,0 +1,2 @@
+"""The daemon's protocol, shared by both ends: frames, messages, tensors, lanes
+and the version."""
