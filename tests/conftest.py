@@ -106,6 +106,47 @@ PLUGIN_SOURCES: dict[str, tuple[str, str, str]] = {
             ]
         """,
     ),
+    "wrapping": (
+        "npu-wrapping-plugin",
+        "wrapping",
+        """
+        from npumanager import hookimpl, PolicyRecord, SinkRecord
+
+        SEEN = []
+
+        @hookimpl(tryfirst=True)
+        def npumanager_register_sinks():
+            SEEN.append("tryfirst")
+            return [SinkRecord(name="wrapped-first", factory=list)]
+
+        @hookimpl(specname="npumanager_register_sinks")
+        def second_sinks():
+            SEEN.append("plain")
+            return [SinkRecord(name="wrapped-second", factory=list)]
+
+        @hookimpl(wrapper=True)
+        def npumanager_register_policies():
+            records = yield
+            SEEN.append(("wrapper saw", len(records)))
+            return [*records, [PolicyRecord(name="added-by-wrapper", factory=dict)]]
+
+        @hookimpl(specname="npumanager_register_policies")
+        def own_policies():
+            return [PolicyRecord(name="wrapped-policy", factory=dict)]
+
+        @hookimpl(wrapper=True)
+        def npumanager_register_drivers():
+            try:
+                return (yield)
+            except ValueError:
+                SEEN.append("wrapper caught")
+                return []
+
+        @hookimpl(specname="npumanager_register_drivers")
+        def failing_drivers():
+            raise ValueError("rescued by the wrapper")
+        """,
+    ),
     "raising": (
         "npu-raising-hook",
         "raisingnpu",

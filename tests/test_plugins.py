@@ -18,6 +18,7 @@ from npumanager import (
     load_plugins,
 )
 from npumanager.core.plugins.config import Config, PluginsConfig, load_config
+from npumanager.schemas.enums import PluginStatus
 
 UsePlugins = Callable[..., Path]
 
@@ -50,6 +51,24 @@ def test_separately_installed_distribution_is_discovered(plugin_site: UsePlugins
     # A generator of records is accepted.
     assert "counter" in _names(registry, PluginKind.SINK)
     assert registry.problems == []
+
+
+def test_registration_hooks_go_through_pluggy_wrappers_and_ordering(
+    plugin_site: UsePlugins,
+) -> None:
+    """A wrapper on a registration hook sees and changes its plugin's records, or rescues
+    a raise; `tryfirst` runs first: pluggy's own semantics, not a hand-made call."""
+    plugin_site("wrapping")
+    registry = load_plugins()
+    assert registry.problems == []
+    assert {"wrapped-policy", "added-by-wrapper"} <= set(_names(registry, PluginKind.POLICY))
+    assert {"wrapped-first", "wrapped-second"} <= set(_names(registry, PluginKind.SINK))
+    seen = sys.modules["npu_wrapping_plugin"].SEEN
+    assert seen.index("tryfirst") < seen.index("plain")
+    assert ("wrapper saw", 1) in seen
+    assert "wrapper caught" in seen
+    (entry,) = [e for e in registry.entries if e.source.name == "wrapping"]
+    assert entry.status is PluginStatus.LOADED
 
 
 def test_configure_hook_receives_the_effective_config(plugin_site: UsePlugins) -> None:

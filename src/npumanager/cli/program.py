@@ -99,7 +99,7 @@ def _entry_rows(registry: PluginRegistry) -> list[dict[str, str]]:
             "entry_point": e.source.name,
             "distribution": e.source.distribution,
             "version": e.source.version,
-            "status": e.status,
+            "status": str(e.status),
             "detail": e.detail,
         }
         for e in registry.entries

@@ -107,6 +107,16 @@ class PluginKind(StrEnum):
     HEALTH_SOURCE = "health_source"
 
 
+class PluginStatus(StrEnum):
+    """What became of a plugin found at discovery."""
+
+    LOADED = "loaded"
+    EMPTY = "registered nothing"
+    BROKEN = "broken"
+    DISABLED = "disabled"
+    UNAVAILABLE = "unavailable"
+
+
 class DriverCapability(StrEnum):
     """Optional abilities a vendor driver may claim; the conformance suite tests only these."""
 

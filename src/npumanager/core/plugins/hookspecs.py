@@ -3,6 +3,14 @@
 A plugin implements any of these as plain functions marked with `npumanager.hookimpl`
 and is found through the `npumanager` entry-point group. Registration hooks run once,
 at discovery; nothing here is called per event, so the hot path never pays for pluggy.
+
+Every hook is called per plugin, through pluggy's own caller on that plugin alone
+(`PluginManager.subset_hook_caller`), so that a broken plugin is reported by its name
+and the others still load. So, for every hook here: none is `historic` (a plugin
+registered later is called when it registers), none is `firstresult` (every plugin's
+answer counts), and wrappers (`hookimpl(wrapper=True)`) and `tryfirst`/`trylast` behave
+as pluggy documents among the plugin's own implementations: a wrapper sees, and may
+change or replace, what its plugin's other implementations returned or raised.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
-@hookspec
+@hookspec(firstresult=False, historic=False)
 def npumanager_register_drivers() -> Iterable[DriverRecord] | DriverRecord | None:
     """Return the vendor drivers this plugin provides.
 
@@ -34,10 +42,13 @@ def npumanager_register_drivers() -> Iterable[DriverRecord] | DriverRecord | Non
 
     A record that fails validation, or whose name another plugin already took, is
     reported as a warning naming this plugin's distribution, and dropped.
+
+    Per plugin, not historic, not firstresult; wrappers allowed (this holds for every
+    registration hook below too).
     """
 
 
-@hookspec
+@hookspec(firstresult=False, historic=False)
 def npumanager_register_policies() -> Iterable[PolicyRecord] | PolicyRecord | None:
     """Return the model-loading policies this plugin provides.
 
@@ -46,7 +57,7 @@ def npumanager_register_policies() -> Iterable[PolicyRecord] | PolicyRecord | No
     """
 
 
-@hookspec
+@hookspec(firstresult=False, historic=False)
 def npumanager_register_sinks() -> Iterable[SinkRecord] | SinkRecord | None:
     """Return the telemetry sinks this plugin provides.
 
@@ -67,7 +78,7 @@ def npumanager_register_sinks() -> Iterable[SinkRecord] | SinkRecord | None:
     """
 
 
-@hookspec
+@hookspec(firstresult=False, historic=False)
 def npumanager_register_health_sources() -> (
     Iterable[HealthSourceRecord] | HealthSourceRecord | None
 ):
@@ -95,7 +106,7 @@ def npumanager_register_health_sources() -> (
     """
 
 
-@hookspec
+@hookspec(firstresult=False, historic=False)
 def npumanager_unavailable() -> Iterable[tuple[str, str, str]] | None:
     """Return what this plugin would register but cannot here, and why.
 
@@ -105,10 +116,11 @@ def npumanager_unavailable() -> Iterable[tuple[str, str, str]] | None:
     """
 
 
-@hookspec
+@hookspec(firstresult=False, historic=False)
 def npumanager_configure(config: Config) -> None:
     """Called once per plugin with the effective configuration, after its registrations.
 
     Use it to read the plugin's own settings. Raising here reports the plugin as broken
-    and drops what it registered.
+    and drops what it registered. Per plugin, not historic, not firstresult; a wrapper
+    sees the plugin's own configure raise, and may let it.
     """

@@ -31,6 +31,7 @@ from npumanager.schemas import (
     PolicyRecord,
     SinkRecord,
 )
+from npumanager.schemas.enums import PluginStatus
 from npumanager.schemas.plugins import RECORD_TYPES
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -98,11 +99,8 @@ class PluginProblem:
         return f"{self.source.describe()}: {self.message}"
 
 
-LOADED = "loaded"
-EMPTY = "registered nothing"
-BROKEN = "broken"
-DISABLED = "disabled"
-UNAVAILABLE = "unavailable"
+LOADED, EMPTY, BROKEN = PluginStatus.LOADED, PluginStatus.EMPTY, PluginStatus.BROKEN
+DISABLED, UNAVAILABLE = PluginStatus.DISABLED, PluginStatus.UNAVAILABLE
 
 
 @dataclass(frozen=True)
@@ -110,8 +108,7 @@ class PluginEntry:
     """One entry point found, what became of it, and why."""
 
     source: PluginSource
-    status: str
-    """LOADED, EMPTY, BROKEN, DISABLED or UNAVAILABLE."""
+    status: PluginStatus
     detail: str
     """What it registered, what broke it, the setting that disabled it, or what to install."""
 
@@ -225,15 +222,18 @@ class PluginRegistry:
     def _call_own_hook(
         self, plugin: object, source: PluginSource, hook_name: str, kwargs: dict[str, Any]
     ) -> Iterator[Any]:
-        hook = getattr(self.manager.hook, hook_name)
-        for impl in hook.get_hookimpls():
-            if impl.plugin is not plugin:
-                continue
-            try:
-                yield impl.function(**kwargs)
-            except Exception as exc:
-                self._problem(source, f"hook {hook_name} raised {type(exc).__name__}: {exc}")
-                yield _FAILED
+        """Call one plugin's implementations of a hook through pluggy's own caller, so its
+        wrappers, `tryfirst`/`trylast` and ordering behave as pluggy documents; the other
+        plugins are left out, so that what goes wrong is this plugin's alone."""
+        others = [p for p in self.manager.get_plugins() if p is not plugin]
+        caller = self.manager.subset_hook_caller(hook_name, remove_plugins=others)
+        try:
+            results = caller(**kwargs)
+        except Exception as exc:
+            self._problem(source, f"hook {hook_name} raised {type(exc).__name__}: {exc}")
+            yield _FAILED
+            return
+        yield from results
 
     def _accept_records(
         self, kind: PluginKind, result: Any, source: PluginSource
