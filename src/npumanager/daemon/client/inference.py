@@ -66,7 +66,7 @@ class _Wire(Protocol):
 
     def send_only(self, kind: type[p.Call], seq: int, **fields: Any) -> None: ...
 
-    def send_frame(self, frame: bytes) -> None: ...
+    def send_frame(self, frame: bytes, seq: int) -> None: ...
 
 
 class RemoteWork(Future[list[np.ndarray]]):
@@ -201,7 +201,7 @@ class RemoteInference:
             if not ack and raw is None and original_uid is None and feature_id is None:
                 out = (base, room)
                 self._wire.send_frame(
-                    p.infer_frame(seq, model.handle, refs, out, ack, job_priority)
+                    p.infer_frame(seq, model.handle, refs, out, ack, job_priority), seq
                 )
                 return future
             fields: dict[str, Any] = {

@@ -1,4 +1,6 @@
-"""One socket to the daemon: the hello, calls and their replies, the reader thread.
+"""One socket to the daemon: the hello, calls and their replies, the reader thread (the
+protocol itself, framing, states and the pairing of calls and answers, is the wire's:
+`daemon.wire.connection`).
 
 `WireClient` sends each call with its seq and waits for the reply or error with that seq
 (raising the daemon's error as the same class the in-process service raises); every other
@@ -20,6 +22,7 @@ from typing import Any
 from npumanager import errors
 from npumanager.daemon.peer import default_socket_path
 from npumanager.daemon.wire import protocol as p
+from npumanager.daemon.wire.connection import NEED_DATA, Event, Role, WireConnection
 from npumanager.errors import DaemonError, DaemonUnavailableError, ExecutionError
 from npumanager.schemas.limits import DEFAULT_CALL_TIMEOUT_S, PROTOCOL_VERSION
 
@@ -89,7 +92,7 @@ class WireClient:
             raise unavailable(self.socket_path, exc) from None
         self._sock = sock
         self._send_lock = threading.Lock()
-        self._reader = p.FrameReader()
+        self._wire = WireConnection(Role.CLIENT)
         self._seq = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._closed = False
@@ -138,13 +141,20 @@ class WireClient:
                 raise DaemonUnavailableError(
                     f"the daemon on {self.socket_path} closed the connection"
                 )
-            for body in self._reader.feed(data):
-                message = p.parse_daemon(body)
-                if isinstance(message, p.Welcome):
-                    return message
-                if isinstance(message, p.Error):
+            self._wire.receive_data(data)
+            while (event := self._next_event()) is not NEED_DATA:
+                if isinstance(event, p.Welcome):
+                    return event
+                if isinstance(event, p.Error):
                     self._sock.close()
-                    raise DaemonError(f"the daemon refused the connection: {message.message}")
+                    raise DaemonError(f"the daemon refused the connection: {event.message}")
+
+    def _next_event(self) -> Event:
+        try:
+            return self._wire.next_event()
+        except p.ProtocolError as exc:
+            self._sock.close()
+            raise DaemonError(f"the daemon sent an unreadable frame: {exc}") from None
 
     def next_seq(self) -> int:
         """A seq no call of this connection has used."""
@@ -163,16 +173,17 @@ class WireClient:
 
     def send_only(self, kind: type[p.Call], seq: int, **fields: Any) -> None:
         """Send one call without waiting: its answer goes to whoever expects `seq`."""
-        self.send_frame(p.encode(kind(seq=seq, **fields)))
+        self.send_frame(p.encode(kind(seq=seq, **fields)), seq)
 
-    def send_frame(self, frame: bytes) -> None:
-        """Send one encoded call without waiting for its answer."""
+    def send_frame(self, frame: bytes, seq: int) -> None:
+        """Send one call encoded elsewhere, of this seq, without waiting for its answer."""
         if self._lost is not None:
             raise DaemonUnavailableError(self._lost)
         if self._closed:
             raise DaemonUnavailableError("this connection to the daemon is closed")
         try:
             with self._send_lock:
+                self._wire.sent_call(seq)
                 self._sock.sendall(frame)
         except OSError:
             self._lose("the daemon closed the connection")
@@ -190,8 +201,8 @@ class WireClient:
         return ERRORS.get(kind or "", DaemonError)
 
     def _send(self, message: p.WireModel, fds: list[int] | None = None) -> None:
-        frame = p.encode(message)
         with self._send_lock:
+            frame = self._wire.send(message)
             if not fds:
                 self._sock.sendall(frame)
                 return
@@ -249,9 +260,10 @@ class WireClient:
         if not data:
             self._lose("the daemon closed the connection")
             return False
+        self._wire.receive_data(data)
         try:
-            for body in self._reader.feed(data):
-                self._handle(p.parse_daemon(body))
+            while (event := self._wire.next_event()) is not NEED_DATA:
+                self._handle(event)
         except p.ProtocolError as exc:
             log.error("the daemon sent a frame this client cannot read: %s", exc)
             self._lose(f"the daemon sent an unreadable frame: {exc}")

@@ -23,6 +23,7 @@ from npumanager.core.client.manager import ModelLoadRequestCallback, NpuManager
 from npumanager.daemon.peer import PeerCredentials
 from npumanager.daemon.server.quotas import Resource, UidUsage
 from npumanager.daemon.wire import protocol as p
+from npumanager.daemon.wire.connection import Role, WireConnection
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import (
     ModelLoadRequest,
@@ -69,7 +70,8 @@ class Connection:
         self.peer = peer
         self.management = management
         self.usage = usage
-        self.reader = p.FrameReader()
+        self.wire = WireConnection(Role.DAEMON)
+        """The protocol's state of this connection: hello, framing."""
         self.outbox = bytearray()
         self.write_lock = threading.Lock()
         """Held to change the outbox, to write the socket, and to mark the connection closed:
@@ -104,7 +106,7 @@ class Connection:
     @property
     def buffered(self) -> int:
         """Bytes the daemon holds for this client: a partial frame and unsent replies."""
-        return self.reader.pending + len(self.outbox)
+        return self.wire.pending + len(self.outbox)
 
     @property
     def holds_nothing(self) -> bool:
@@ -113,7 +115,8 @@ class Connection:
 
     def send(self, message: p.WireModel) -> None:
         """Queue a message; it leaves at the end of the loop's turn."""
-        self.send_frame(p.encode(message))
+        if not self.closed:
+            self.send_frame(self.wire.send(message))
 
     def send_frame(self, frame: bytes) -> None:
         """Queue an encoded frame; it leaves at the end of the loop's turn."""
@@ -198,7 +201,7 @@ class Connection:
         self.usage.give_back("models", uid, len(self.models))
         self.requests.clear()
         self.models.clear()
-        self.reader.release()
+        self.wire.release()
         self.outbox = bytearray()
         self.manager = None
         self.close_descriptors()

@@ -1,4 +1,5 @@
-"""What one client frame means: the hello, then calls answered by a reply or an error.
+"""What one client frame means: the hello, then calls answered by a reply or an error
+(the wire, `daemon.wire.connection`, has framed and parsed it and checked its place).
 
 A handler's own errors (an unknown request, a permission, a quota) reach the client as
 an error reply carrying the exception's class; anything else is an internal error, logged
@@ -18,6 +19,7 @@ from npumanager.daemon.server.connection import Connection
 from npumanager.daemon.server.info import InfoCache
 from npumanager.daemon.server.stats import DaemonStats
 from npumanager.daemon.wire import protocol as p
+from npumanager.daemon.wire.connection import BadCall, Event
 from npumanager.errors import DaemonError, NpuManagerError
 from npumanager.schemas.limits import INT32_MAX, PROTOCOL_VERSION
 
@@ -45,27 +47,24 @@ class FrameHandler:
         self._said_hello = said_hello
         self._handlers: dict[type[p.Call], Handler] = {**handlers, p.Info: self._on_info}
 
-    def handle(self, connection: Connection, body: bytes) -> None:
-        """Parse and act on one frame body; `ProtocolError` if the frame is not allowed."""
+    def handle(self, connection: Connection, event: Event) -> None:
+        """Act on one event of the connection's wire (a message or a `BadCall`);
+        `ProtocolError` if it breaks the protocol."""
         self.stats.frames_in += 1
-        try:
-            message = p.parse_client(body)
-        except p.ProtocolError as exc:
-            seq = p.answerable_seq(body) if connection.manager is not None else None
-            if seq is None:
-                raise
+        if isinstance(event, BadCall):
             # A malformed real-inference call is answered, and the connection stays; a
             # descriptor it may have carried is not left for the next frame.
             self.stats.call_errors += 1
             connection.close_descriptors()
-            connection.send(p.Error(seq=seq, kind="IllegalArgumentError", message=clip(str(exc))))
+            connection.send(
+                p.Error(seq=event.seq, kind="IllegalArgumentError", message=clip(str(event.error)))
+            )
             return
-        if isinstance(message, p.Hello):
-            self._hello(connection, message)
+        if isinstance(event, p.Hello):
+            self._hello(connection, event)
             return
-        if connection.manager is None:
-            raise p.ProtocolError("the first frame of a connection must be a hello")
-        assert isinstance(message, p.Call)
+        message: p.ClientMessage = event
+        assert isinstance(message, p.Call) and connection.manager is not None
         seq = message.seq
         if not isinstance(message, p.Info):
             self.info.changed()
@@ -86,13 +85,8 @@ class FrameHandler:
             connection.send(p.Reply(seq=seq, result=result))
 
     def _hello(self, connection: Connection, hello: p.Hello) -> None:
-        if connection.manager is not None:
-            raise p.ProtocolError("a connection says hello only once")
-        if hello.version != PROTOCOL_VERSION:
-            raise p.ProtocolError(
-                f"protocol version {hello.version} is not supported; this daemon speaks "
-                f"version {PROTOCOL_VERSION}"
-            )
+        """The wire checked the hello's place and version; the kernel's identity is
+        checked here."""
         peer = connection.peer
         if peer.uid > INT32_MAX:
             raise p.ProtocolError(

@@ -26,6 +26,7 @@ from npumanager.daemon.server.quotas import DaemonLimits, UidUsage
 from npumanager.daemon.server.ratelog import RateLimitedLog
 from npumanager.daemon.server.stats import DaemonStats
 from npumanager.daemon.wire import protocol as p
+from npumanager.daemon.wire.connection import NEED_DATA
 from npumanager.schemas.limits import (
     FRAMES_PER_TURN,
     MAX_OUTBOX_BYTES,
@@ -154,7 +155,7 @@ class Transport:
             self.drop(connection)
             return
         connection.last_active = time.monotonic()
-        connection.reader.push(data)
+        connection.wire.receive_data(data)
         self.buffered += len(data)
         self.handle_frames(connection)
         self.keep_budget()
@@ -187,7 +188,7 @@ class Transport:
         unread gets nothing more handled until it reads.
         """
         self.backlog.discard(connection)
-        reader = connection.reader
+        wire = connection.wire
         ends = time.perf_counter() + TURN_SLICE_S
         try:
             for _ in range(FRAMES_PER_TURN):
@@ -196,12 +197,12 @@ class Transport:
                 if len(connection.outbox) >= OUTBOX_PAUSE_BYTES:
                     self.pause(connection)
                     return
-                before = reader.pending
-                body = reader.pop()
-                if body is None:
+                before = wire.pending
+                event = wire.next_event()
+                if event is NEED_DATA:
                     return
-                self.buffered -= before - reader.pending
-                self.frames.handle(connection, body)
+                self.buffered -= before - wire.pending
+                self.frames.handle(connection, event)
                 if time.perf_counter() >= ends:
                     break
             if not connection.closed:
