@@ -16,7 +16,7 @@ sys.path.insert(0, str(HERE.parent / "src"))
 
 project = "npu-manager"
 author = "npu-manager developers"
-copyright = "npu-manager developers, Apache-2.0"  # noqa: A001
+copyright = "npu-manager developers, Apache-2.0"
 
 extensions = [
     "myst_parser",
@@ -31,8 +31,41 @@ root_doc = "index"
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 
-# Docstrings write `name` for code, as Markdown does.
-default_role = "code"
+# A single-backticked name in a docstring or an rst page is a Python object, checked as a
+# link: ``nitpicky`` makes every reference that resolves to nothing a warning (an error
+# under -W). Code, values and names that are not objects are written as ``literals``.
+default_role = "py:obj"
+nitpicky = True
+nitpick_ignore_regex = [
+    # Types of the standard library and of third-party packages that signatures and
+    # annotations name. They cannot be linked: the site is built offline, with no intersphinx
+    # inventory to link them to. Nothing of npumanager's own is ignored here.
+    (
+        r"py:(class|obj)",
+        r"(collections(\.abc)?|concurrent\.futures(\._base)?|importlib\.metadata|pathlib|uuid"
+        r"|annotated_types|pydantic(\.\w+)*)\.\w+",
+    ),
+    ("py:class", "NoneType"),
+    # The same, short: pydantic writes a field's constraints by their bare names (annotated_types'
+    # ``Ge``..., pydantic's ``FieldInfo``) in a model's signature, and annotations that autodoc
+    # shows as the source wrote them name pydantic's ``Field`` and ``BaseModel``.
+    ("py:class", r"Ge|Gt|Le|MinLen|MaxLen|FieldInfo|Field|BaseModel"),
+    # npumanager's own, one by one, where a signature names something that has no entry:
+    # - type variables (a lease's model type, the model a plugin value is validated as):
+    #   a placeholder, not an object to document;
+    ("py:class", r"npumanager\.core\.client\.lease\.Model"),
+    ("py:class", r"npumanager\.core\.plugins\.registry\._M"),
+    # - the in-process implementation of Backend (documented), which Service builds and
+    #   Service.backend returns; its constructor takes the service's internals;
+    ("py:class", r"npumanager\.core\.service\.backend\.LocalBackend"),
+    # - typing.Annotated around one of our enums (or around a union, ``types``): Sphinx names
+    #   the Annotated form after the module of the type it wraps, a target that does not exist;
+    ("py:class", r"(types|npumanager\.schemas\.(device|enums))\.Annotated"),
+    # - SchedulingConfig.effective_priority's return annotation, Annotated[int, Range(...)]:
+    #   Range's repr (what=free text) is no Python expression, so Sphinx takes the whole
+    #   annotation as one name.
+    ("py:obj", r"typing\.Annotated\[int, ~npumanager\.schemas\.types\.Range\(.*\)\]"),
+]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"

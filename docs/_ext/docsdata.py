@@ -217,7 +217,10 @@ INHERITED = frozenset({"Lease", "AsyncLease"})
 
 
 def field_rows(model: type[Any]) -> list[list[str]]:
-    """A model's fields: Python name, wire name, JSON type, default (or 'required')."""
+    """A model's fields: Python name, wire name, JSON type, default (or 'required').
+
+    Code is in Markdown's backticks; an enum member default is written ``Enum.MEMBER``.
+    """
     try:
         props = model.model_json_schema(by_alias=True).get("properties", {})
     except Exception:  # a field JSON cannot carry (a plugin record's factory)
@@ -230,6 +233,8 @@ def field_rows(model: type[Any]) -> list[list[str]]:
             default = "required"
         elif field.default_factory is not None:
             default = "a fresh one"
+        elif isinstance(field.default, enum.Enum):
+            default = f"`{type(field.default).__name__}.{field.default.name}`"
         else:
             default = f"`{field.default!r}`"
         kind = _schema_type(prop, {}) if prop is not None else _python_type(field.annotation)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import re
 from typing import Any, ClassVar
 
 from docsdata import (
@@ -124,9 +125,56 @@ def _fields_table(model: type[Any]) -> list[str]:
         "        - type",
         "        - default",
     ]
-    for row in rows:
-        lines += [f"      * - {row[0]}", *(f"        - {cell}" for cell in row[1:])]
+    for name, wire, kind, default in rows:
+        lines += [f"      * - {_rst_cell(name)}", f"        - {_rst_cell(wire)}"]
+        lines += [f"        - {_rst_cell(cell, model)}" for cell in (kind, default)]
     return [*lines, ""]
+
+
+_CODE_SPAN = re.compile(r"`([^`]+)`")
+
+
+def _rst_cell(text: str, model: type[Any] | None = None) -> str:
+    """A generated cell's Markdown code spans as reStructuredText.
+
+    A span that names a class of npumanager or one of its members (with ``model`` given: a
+    field's type or default) becomes a link to its entry; any other span (a field's name, a
+    value) becomes a literal, so that none is read as a cross-reference to nothing.
+    """
+
+    def span(match: re.Match[str]) -> str:
+        code = match[1]
+        target = _link_target(code, model) if model is not None else None
+        return f"``{code}``" if target is None else f":py:obj:`{code} <{target}>`"
+
+    return _CODE_SPAN.sub(span, text)
+
+
+def _link_target(dotted: str, model: type[Any]) -> str | None:
+    """The full name of what a dotted name in a model's table names, or None.
+
+    The name's head is one of `npumanager.__all__` (linked under that name) or a class of
+    npumanager that the model's module holds (linked under its own module's name, an entry
+    of the types page); the rest must be its attributes.
+    """
+    import sys
+
+    import npumanager
+
+    head, *rest = dotted.split(".")
+    obj: object
+    if head in npumanager.__all__:
+        obj, base = getattr(npumanager, head), f"npumanager.{head}"
+    else:
+        obj = getattr(sys.modules[model.__module__], head, None)
+        if not (isinstance(obj, type) and obj.__module__.startswith("npumanager.")):
+            return None
+        base = f"{obj.__module__}.{obj.__qualname__}"
+    for part in rest:
+        if not hasattr(obj, part):
+            return None
+        obj = getattr(obj, part)
+    return ".".join([base, *rest])
 
 
 class _Generated(SphinxDirective):

@@ -20,7 +20,9 @@ _MIB = 1 << 20
 _GIB = 1 << 30
 
 Positive = Annotated[int, Field(gt=0)]
+"""An integer above 0."""
 NonNegative = Annotated[int, Field(ge=0)]
+"""An integer, 0 or more."""
 
 
 class _Spec(BaseModel):
@@ -28,10 +30,10 @@ class _Spec(BaseModel):
 
 
 class ThermalSpec(_Spec):
-    """A first-order thermal model, stepped every `tick_us` of device time.
+    """A first-order thermal model, stepped every ``tick_us`` of device time.
 
-    Each tick: `temp += heat_per_busy_channel_mc * busy_channels`, then temp moves toward
-    `ambient_mc` by `(temp - ambient) * cooling_permille / 1000` (at least 1 m°C).
+    Each tick: ``temp += heat_per_busy_channel_mc * busy_channels``, then temp moves toward
+    ``ambient_mc`` by ``(temp - ambient) * cooling_permille / 1000`` (at least 1 m°C).
     Severity is the highest level whose threshold the temperature has reached; each level
     runs the clock at its `throttle_percent`, and SHUTDOWN stops the device.
     """
@@ -101,7 +103,7 @@ class Scheduler(StrEnum):
 
 
 class Band(_Spec):
-    """A range of effective priorities scheduled as one tier, from `first_priority` up to
+    """A range of effective priorities scheduled as one tier, from ``first_priority`` up to
     the next band's."""
 
     name: Annotated[str, Field(min_length=1, max_length=32)]
@@ -134,7 +136,7 @@ class DeviceSpec(_Spec):
     important job waits at most this long; fair share also time-slices at it."""
     thermal: ThermalSpec = ThermalSpec()
     scheduler: Scheduler = Field(default=Scheduler.FAIR, strict=False)
-    """`fair` (bands, fair share, floor) or `strict` (priority, then global FIFO)."""
+    """``fair`` (bands, fair share, floor) or ``strict`` (priority, then global FIFO)."""
     bands: tuple[Band, ...] = Field(default=DEFAULT_BANDS, strict=False, min_length=1)
     """Effective-priority bands, most important first; the first starts at 0."""
     floor_percent: Annotated[int, Field(ge=0, le=MAX_FLOOR_PERCENT)] = 10

@@ -6,7 +6,8 @@ from enum import IntEnum, StrEnum
 
 
 class ModelLoadStatus(IntEnum):
-    """What `on_can_load_model` tells a client it may do now."""
+    """What `~npumanager.ModelLoadRequestCallback.on_can_load_model` tells a client it may do
+    now."""
 
     CAN_LOAD_NOW = 0
     WAIT_FOR_UNLOAD = 1
@@ -14,7 +15,8 @@ class ModelLoadStatus(IntEnum):
 
 
 class ModelLoadRequestStatus(IntEnum):
-    """How a model-load request ended, given to `on_model_load_request_complete`."""
+    """How a model-load request ended, given to
+    `~npumanager.ModelLoadRequestCallback.on_model_load_request_complete`."""
 
     CANCELLED = 3
     COMPLETE = 4
@@ -130,5 +132,5 @@ class DriverCapability(StrEnum):
     RESTART_PREEMPTION = "restart_preemption"
     """A running job of a less important band is stopped with the runtime's own cancel to
     make room for a more important one, and requeued: ENDED(PAUSED), later STARTED(RESUMED)
-    from the beginning (its progress is lost). Not `preemption`, which resumes where it
+    from the beginning (its progress is lost). Not ``preemption``, which resumes where it
     paused."""

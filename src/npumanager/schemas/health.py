@@ -16,8 +16,11 @@ from .limits import MAX_DEVICES, MEMORY_PRESSURE_CRITICAL, MEMORY_PRESSURE_NONE
 
 Name = Annotated[str, Field(min_length=1, max_length=128)]
 Count = Annotated[int, Field(ge=0)]
+"""A count: an integer, 0 or more."""
 Percent = Annotated[float, Field(ge=0, le=100)]
+"""A share in percent, 0 to 100."""
 DeviceNumber = Annotated[int, Field(ge=0, le=MAX_DEVICES - 1)]
+"""A device's number, 0 up to `~npumanager.schemas.limits.MAX_DEVICES` minus one."""
 
 
 class _Health(BaseModel):
@@ -31,7 +34,7 @@ class MemoryReading(_Health):
     path: str | None = None
     """The file read, as the machine names it, if any."""
     level: Annotated[int, Field(ge=MEMORY_PRESSURE_NONE, le=MEMORY_PRESSURE_CRITICAL)]
-    """0 none, 1 moderate, 2 critical: what the `pressure` policy takes."""
+    """0 none, 1 moderate, 2 critical: what the ``pressure`` policy takes."""
     some_avg10: Percent | None = None
     """Share of the last 10 s in which some task stalled on memory (PSI), if read."""
     full_avg10: Percent | None = None

@@ -46,9 +46,9 @@ DEFAULT_MAX_MODELS: Final = 1024
 DEFAULT_EVENT_RING: Final = 1 << 16
 """Raw events a simulated driver buffers before the reader must drain."""
 MAX_LIVE_WORK: Final = 1 << 24
-"""The largest `max_live_work` a simulated driver may be opened with."""
+"""The largest ``max_live_work`` a simulated driver may be opened with."""
 MAX_MODELS: Final = 1 << 20
-"""The largest `max_models` a simulated driver may be opened with."""
+"""The largest ``max_models`` a simulated driver may be opened with."""
 MAX_COST_CYCLES: Final = INT64_MAX // 100
 """The costliest job, in cycles: its remaining work times a throttle percentage fits int64."""
 MAX_PERIODIC_US: Final = INT64_MAX // 4
@@ -56,13 +56,14 @@ MAX_PERIODIC_US: Final = INT64_MAX // 4
 MAX_BURST: Final = 1 << 16
 """Jobs one periodic arrival may bring at once."""
 MAX_HEAT_STEP_MC: Final = 10**9
-"""The largest thermal spike (up or down) `add_heat` takes, in milli-degrees Celsius."""
+"""The largest thermal spike (up or down) `~npumanager.EngineDriver.add_heat` takes, in
+milli-degrees Celsius."""
 MAX_RUNTIME_DEVICES: Final = 1 << 10
-"""Devices a driver over a real runtime (`onnxruntime`, `openvino`) may open."""
+"""Devices a driver over a real runtime (``onnxruntime``, ``openvino``) may open."""
 MAX_INTRA_OP_THREADS: Final = 256
 """Threads one real-runtime session may use inside an operator."""
 DEFAULT_RUN_UNTIL_IDLE_MS: Final = 60_000
-"""How much virtual time `Service.run_until_idle` gives at most, unless told."""
+"""How much virtual time `~npumanager.Service.run_until_idle` gives at most, unless told."""
 
 DEFAULT_UNLOAD_GRACE_MS: Final = 5_000
 """How long a client asked to unload may take before its models are revoked."""
@@ -75,6 +76,7 @@ NOMINAL_MODEL_BYTES: Final = (1 * GIB, 2 * GIB, 4 * GIB)
 DEFAULT_DEVICE_CAPACITY_BYTES: Final = (4 * GIB,)
 """Weight memory the pressure policy assumes until the driver reports its devices."""
 MEMORY_PRESSURE_NONE: Final = 0
+"""Memory pressure level with no pressure: nothing is unloaded for memory."""
 MEMORY_PRESSURE_MODERATE: Final = 1
 """Memory pressure level at which opportunistic models are unloaded."""
 MEMORY_PRESSURE_CRITICAL: Final = 2
@@ -109,18 +111,18 @@ HEALTH_SAMPLE_INTERVAL_MS: Final = 50
 """Device health reaches sinks at least this often in virtual time (simulations), and at once
 when severity or memory change."""
 DEFAULT_HEALTH_INTERVAL_MS: Final = 1000
-"""The same in real time (the daemon, `serve --health-interval-ms`): an idle device is one
+"""The same in real time (the daemon, ``serve --health-interval-ms``): an idle device is one
 sample a second, not twenty."""
 MAX_HEALTH_INTERVAL_MS: Final = 3_600_000
 """The longest health sample interval a service may ask for: an hour."""
 LOG_DIR_APP_NAME: Final = "npu-manager"
 """The platformdirs application name of the per-user log directory."""
 DEFAULT_JSONL_MAX_BYTES: Final = 16 << 20
-"""Size at which the `jsonl` sink rotates its file."""
+"""Size at which the ``jsonl`` sink rotates its file."""
 DEFAULT_JSONL_BACKUPS: Final = 3
-"""Rotated files the `jsonl` sink keeps."""
+"""Rotated files the ``jsonl`` sink keeps."""
 JSONL_FLUSH_INTERVAL_S: Final = 1.0
-"""The `jsonl` sink flushes its file at most this often (and on close)."""
+"""The ``jsonl`` sink flushes its file at most this often (and on close)."""
 WORK_DURATION_BUCKETS_S: Final = (
     0.0005,
     0.001,
@@ -137,7 +139,7 @@ WORK_DURATION_BUCKETS_S: Final = (
     5.0,
     10.0,
 )
-"""Histogram buckets of `npu_work_duration_seconds`, from half a millisecond to ten seconds."""
+"""Histogram buckets of ``npu_work_duration_seconds``, from half a millisecond to ten seconds."""
 PROGRESS_AFTER_S: Final = 1.0
 """A simulation shows a progress bar once it has run this long in wall time."""
 PROGRESS_REDRAW_S: Final = 0.1
@@ -175,8 +177,8 @@ DEFAULT_CLIENT_SHARED_BYTES: Final = 64 << 20
 """The segment a daemon client makes for its tensors unless told (pages cost nothing until
 touched)."""
 DEFAULT_LANE_SPIN_US: Final = 200
-"""How long a client polls its lane for a reply before it sleeps in `recv`, while the lane's
-replies have been coming within that (`connect(lane_spin_us=...)`; 0: never poll)."""
+"""How long a client polls its lane for a reply before it sleeps in ``recv``, while the lane's
+replies have been coming within that (``connect(lane_spin_us=...)``; 0: never poll)."""
 MAX_LANE_SPIN_US: Final = 10_000
 DEFAULT_MAX_INFERENCES_PER_CONNECTION: Final = 256
 """Inferences one daemon connection may have in flight (with the per-uid connection cap,
@@ -187,7 +189,7 @@ MAX_PENDING_DESCRIPTORS: Final = 4
 """Descriptors a daemon connection may have sent ahead of the frames that use them."""
 MAX_MODEL_SIDECARS: Final = MAX_PENDING_DESCRIPTORS - 1
 """Files a model may keep its weights in besides its own (ONNX external data, an OpenVINO
-IR's `.bin`): they travel with the model's descriptor in one frame."""
+IR's ``.bin``): they travel with the model's descriptor in one frame."""
 MAX_SIDECAR_NAME: Final = 255
 """The longest name a model may give a file of its weights (a relative path)."""
 TENSOR_ALIGN_BYTES: Final = 64
@@ -210,22 +212,22 @@ TURN_SLICE_S: Final = 0.00005
 OUTBOX_PAUSE_BYTES: Final = 256 << 10
 """A client with this much unread is not served more until it reads (backpressure)."""
 INFO_SNAPSHOT_TTL_S: Final = 0.25
-"""`info` is answered from a snapshot at most this old (any state-changing call renews it)."""
+"""``info`` is answered from a snapshot at most this old (any state-changing call renews it)."""
 DEFAULT_INFO_LIMIT: Final = 100
-"""Requests listed per state (and clients and priorities) by `info` unless asked for more."""
+"""Requests listed per state (and clients and priorities) by ``info`` unless asked for more."""
 MAX_INFO_LIMIT: Final = 500
-"""The most entries per list one `info` reply carries; larger lists are paged."""
+"""The most entries per list one ``info`` reply carries; larger lists are paged."""
 DEFAULT_CALL_TIMEOUT_S: Final = 30.0
 """How long a daemon client waits for an answer before it gives up."""
 MAX_CALL_TIMEOUT_S: Final = 86_400.0
-"""The longest answer wait a daemon verb's `--timeout` may ask for: a day."""
+"""The longest answer wait a daemon verb's ``--timeout`` may ask for: a day."""
 SHUTDOWN_FLUSH_S: Final = 2.0
 """How long a stopping daemon spends, in all, handing its last frames to the clients."""
 LOG_BURST: Final = 10
-"""Lines one kind of client-caused log message may print per `LOG_WINDOW_S`."""
+"""Lines one kind of client-caused log message may print per ``LOG_WINDOW_S``."""
 LOG_WINDOW_S: Final = 10.0
 VTS_SEED: Final = 20_260_401
-"""The conformance suite's state machine seed unless `--seed` / `--npu-seed` names another."""
+"""The conformance suite's state machine seed unless ``--seed`` / ``--npu-seed`` names another."""
 VTS_EXAMPLES: Final = 40
 """Examples the reference-matching state machine runs per driver."""
 VTS_STEPS: Final = 60
@@ -249,13 +251,14 @@ stay within about 1 GiB."""
 MAX_BUDGET_VALUE: Final = INT32_MAX
 """The largest budget policy weight or total: what the platform's int fields carry."""
 BUDGET_SIZE_CLASSES: Final = 3
-"""Weights the budget policy takes, one per size class (the three `ModelSize` values)."""
+"""Weights the budget policy takes, one per size class (the three `~npumanager.ModelSize`
+values)."""
 REAL_DEFAULT_CHANNELS: Final = 2
 """Execution channels (worker threads) a real-runtime device has unless told."""
 REAL_DEFAULT_CAPACITY_BYTES: Final = 1 << 30
 """Weight memory of a real-runtime device that reports none and is given none."""
 REAL_MAX_RESULTS: Final = 1024
-"""Outputs a real-runtime driver keeps for `result` before the oldest are dropped."""
+"""Outputs a real-runtime driver keeps for ``result`` before the oldest are dropped."""
 REAL_NO_SLICE_US: Final = 1 << 40
 """The slice of a real-runtime device: longer than any inference, so nothing is paused."""
 CHAIN_LAYERS: Final = 8
@@ -265,15 +268,15 @@ CHAIN_WIDTH: Final = 256
 TIMED_CALIBRATION_ROWS: Final = 64
 """Rows the timed model is measured with at load to learn its cost per row."""
 MAX_TIMED_ROWS: Final = 1 << 20
-"""The most rows `timed_inputs` asks for, whatever the duration."""
+"""The most rows ``timed_inputs`` asks for, whatever the duration."""
 OPENVINO_DEVICES: Final = ("NPU", "GPU", "CPU", "AUTO")
-"""The devices the `openvino` driver may be opened on."""
+"""The devices the ``openvino`` driver may be opened on."""
 REAL_RESERVED_CHANNELS: Final = 1
 """Channels of a real-runtime device that background work leaves free (it always gets one,
 and takes them when it is more important than all that runs): a foreground inference then
 starts at once instead of waiting for a background one."""
 REAL_BACKGROUND_NICE: Final = 10
-"""How much lower (in `nice` steps) a real-runtime device's background workers run than the
+"""How much lower (in ``nice`` steps) a real-runtime device's background workers run than the
 process: where the runtime computes on the calling thread, the OS then gives a core to the
 foreground first when cores are short. 0 leaves them at the process's priority."""
 REAL_UNKNOWN_CONFIGS_KEPT: Final = 256
@@ -283,13 +286,13 @@ REAL_PRIORITIES_KEPT: Final = 4096
 """(uid, original uid, job priority) whose effective priority and permission a real driver
 keeps worked out while the configs stay the same."""
 MAX_NICE: Final = 19
-"""The largest `nice` value on Linux: the least CPU priority a thread can have."""
+"""The largest ``nice`` value on Linux: the least CPU priority a thread can have."""
 REAL_DEMO_SECONDS: Final = 4.0
-"""How long each run of `npu-manager demo --real` lasts, in wall-clock seconds."""
+"""How long each run of ``npu-manager demo --real`` lasts, in wall-clock seconds."""
 MAX_REAL_DEMO_SECONDS: Final = 600.0
-"""The longest run `npu-manager demo --real --seconds` takes."""
+"""The longest run ``npu-manager demo --real --seconds`` takes."""
 MAX_REAL_DEMO_COST_US: Final = 500_000
-"""The longest inference `demo --real` runs for an app (its `cost_us`): the inputs of the
+"""The longest inference ``demo --real`` runs for an app (its ``cost_us``): the inputs of the
 model built in code grow with it, about 100 MiB at this length."""
 
 HEALTH_READ_INTERVAL_MS: Final = 1_000
@@ -306,9 +309,9 @@ PSI_UNPRIVILEGED_WINDOW_MS: Final = 2_000
 """Without CAP_SYS_RESOURCE a PSI trigger's window must be a multiple of this."""
 DEFAULT_PSI_WINDOW_MS: Final = 2_000
 DEFAULT_PSI_SOME_MODERATE: Final = 10.0
-"""PSI `some` share (percent, avg10 or a trigger's window) at which memory pressure is 1."""
+"""PSI ``some`` share (percent, avg10 or a trigger's window) at which memory pressure is 1."""
 DEFAULT_PSI_SOME_CRITICAL: Final = 40.0
-"""PSI `some` share (percent) at which memory pressure is 2."""
+"""PSI ``some`` share (percent) at which memory pressure is 2."""
 CAP_SYS_RESOURCE: Final = 24
 """The capability bit that lets a process create PSI triggers of any window."""
 MAX_HEALTH_FILE_BYTES: Final = 64 << 10

@@ -17,8 +17,8 @@ UUID_BYTES = 16
 class NpuUuid(SchemaModel):
     """Sixteen bytes in RFC 4122 order; accepts and prints the standard UUID string.
 
-    The AIDL parcelable holds one field, `byte[16] value`; on the wire and in JSON
-    the whole value is its UUID string, e.g. `"12345678-90ab-cdef-1122-334455667788"`.
+    The AIDL parcelable holds one field, ``byte[16] value``; on the wire and in JSON
+    the whole value is its UUID string, e.g. ``"12345678-90ab-cdef-1122-334455667788"``.
     """
 
     value: Annotated[bytes, Field(min_length=UUID_BYTES, max_length=UUID_BYTES)]

@@ -18,7 +18,7 @@ PluginName = Annotated[
 class PluginRecord(BaseModel):
     """What one registration contributes: a name, a factory, and what it is.
 
-    `version` defaults to the providing distribution's version.
+    ``version`` defaults to the providing distribution's version.
     """
 
     model_config = ConfigDict(
@@ -33,7 +33,7 @@ class PluginRecord(BaseModel):
 
 
 class DriverRecord(PluginRecord):
-    """A vendor driver: `factory(devices, **options)` returns the driver object."""
+    """A vendor driver: ``factory(devices, **options)`` returns the driver object."""
 
     kind: ClassVar[PluginKind] = PluginKind.DRIVER
     capabilities: Annotated[
@@ -42,7 +42,7 @@ class DriverRecord(PluginRecord):
 
 
 class PolicyRecord(PluginRecord):
-    """A model-loading policy: `factory(params)` returns the policy object."""
+    """A model-loading policy: ``factory(params)`` returns the policy object."""
 
     kind: ClassVar[PluginKind] = PluginKind.POLICY
     params_model: type[BaseModel] | None = None
@@ -50,13 +50,13 @@ class PolicyRecord(PluginRecord):
 
 
 class SinkRecord(PluginRecord):
-    """A telemetry sink: `factory(**options)` returns an object with `handle(batch)`."""
+    """A telemetry sink: ``factory(**options)`` returns an object with ``handle(batch)``."""
 
     kind: ClassVar[PluginKind] = PluginKind.SINK
 
 
 class HealthSourceRecord(PluginRecord):
-    """A health source: `factory(**options)` returns an object with `read()` (see hookspecs)."""
+    """A health source: ``factory(**options)`` returns an object with ``read()`` (see hookspecs)."""
 
     kind: ClassVar[PluginKind] = PluginKind.HEALTH_SOURCE
 

@@ -21,10 +21,10 @@ class SchedulingConfigV1(SchemaModel):
 
 
 class SchedulingConfig(SchemaModel):
-    """Per-uid scheduling parameters, field for field as in `SchedulingConfig.aidl`.
+    """Per-uid scheduling parameters, field for field as in ``SchedulingConfig.aidl``.
 
-    A job priority is first clamped into `[min_priority, max_priority]`, then added to
-    `app_priority`; that is how a background app's "urgent" job is pulled down.
+    A job priority is first clamped into ``[min_priority, max_priority]``, then added to
+    ``app_priority``; that is how a background app's "urgent" job is pulled down.
     """
 
     min_priority: Priority = MIN_PRIORITY
@@ -44,7 +44,7 @@ class SchedulingConfig(SchemaModel):
         return self
 
     def clamp_job_priority(self, job_priority: int) -> int:
-        """The job priority pulled into `[min_priority, max_priority]`."""
+        """The job priority pulled into ``[min_priority, max_priority]``."""
         return min(max(job_priority, self.min_priority), self.max_priority)
 
     def effective_priority(self, job_priority: int) -> EffectivePriority:

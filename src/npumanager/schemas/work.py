@@ -8,10 +8,10 @@ from .types import EffectivePriority, Int32, NonNegativeInt32, NonNegativeInt64,
 
 
 class WorkInfo(SchemaModel):
-    """Field for field as in `WorkInfo.aidl`, in the same order.
+    """Field for field as in ``WorkInfo.aidl``, in the same order.
 
-    `job_priority` is what the client submitted; `effective_priority` is what the
-    driver scheduled by. `timestamp_ms` is on the monotonic clock.
+    ``job_priority`` is what the client submitted; ``effective_priority`` is what the
+    driver scheduled by. ``timestamp_ms`` is on the monotonic clock.
     """
 
     id: NonNegativeInt32

@@ -14,7 +14,7 @@ from npumanager.telemetry.events import (
 
 
 class EventSink:
-    """`handle(batch)` calls the method for each event's kind; override those you need."""
+    """``handle(batch)`` calls the method for each event's kind; override those you need."""
 
     def handle(self, batch: Sequence[TelemetryEvent]) -> None:
         """Dispatch every event of the batch, in order."""

@@ -33,11 +33,13 @@ class ModelLoadState(IntEnum):
     LOADED = 10
     """The client reported the model fully in driver memory."""
     UNLOAD_REQUESTED = 11
-    """The service asked the client to unload (`unload_reason` says why)."""
+    """The service asked the client to unload (`~npumanager.ModelLoadStateChanged.unload_reason`
+    says why)."""
     UNLOADED = 12
     """The client reported the model unloaded."""
     REVOKED = 13
-    """The service took the models off the device itself (`unload_reason` says why)."""
+    """The service took the models off the device itself
+    (`~npumanager.ModelLoadStateChanged.unload_reason` says why)."""
 
 
 class ModelLoadRequested(NamedTuple):
@@ -49,7 +51,7 @@ class ModelLoadRequested(NamedTuple):
     size: int
     priority: int
     weight_bytes: int
-    """The bytes the client declared, or `NO_VALUE`."""
+    """The bytes the client declared, or ``NO_VALUE``."""
     time_us: int
 
 
@@ -64,9 +66,9 @@ class ModelLoadStateChanged(NamedTuple):
     state: int
     """A `ModelLoadState`."""
     unload_reason: int
-    """An `UnloadReason` for UNLOAD_REQUESTED and REVOKED, else `NO_VALUE`."""
+    """An `UnloadReason` for UNLOAD_REQUESTED and REVOKED, else ``NO_VALUE``."""
     device: int
-    """The device the model is (to be) on, or `NO_VALUE` before the service placed it."""
+    """The device the model is (to be) on, or ``NO_VALUE`` before the service placed it."""
     time_us: int
 
 
@@ -85,15 +87,15 @@ class DeviceSample(NamedTuple):
     busy_channels: int
     time_us: int
     memory_pressure: int = NO_VALUE
-    """The memory level in force (0..2), or `NO_VALUE` where nothing reads it."""
+    """The memory level in force (0..2), or ``NO_VALUE`` where nothing reads it."""
     busy_time_us: int = NO_VALUE
-    """The accelerator's own busy-time counter (a health source's), or `NO_VALUE`."""
+    """The accelerator's own busy-time counter (a health source's), or ``NO_VALUE``."""
     device_memory_used_bytes: int = NO_VALUE
-    """Memory in use as the accelerator's driver counts it (a health source's), or `NO_VALUE`."""
+    """Memory in use as the accelerator's driver counts it (a health source's), or ``NO_VALUE``."""
     frequency_mhz: int = NO_VALUE
-    """The accelerator's clock now (a health source's), or `NO_VALUE`."""
+    """The accelerator's clock now (a health source's), or ``NO_VALUE``."""
     max_frequency_mhz: int = NO_VALUE
-    """The clock the accelerator can reach (a health source's), or `NO_VALUE`."""
+    """The clock the accelerator can reach (a health source's), or ``NO_VALUE``."""
 
 
 TelemetryEvent: TypeAlias = WorkEvent | ModelLoadRequested | ModelLoadStateChanged | DeviceSample

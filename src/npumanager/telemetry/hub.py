@@ -31,7 +31,7 @@ Batch = Sequence[TelemetryEvent]
 
 @runtime_checkable
 class Sink(Protocol):
-    """What a sink object offers: `handle(batch)`; a `close()` is called too if it has one."""
+    """What a sink object offers: ``handle(batch)``; a ``close()`` is called too if it has one."""
 
     def handle(self, batch: Batch) -> None:
         """Take one batch of events, in order; the batch is shared, do not modify it."""
@@ -41,11 +41,11 @@ class SinkStats(NamedTuple):
     """What happened to one sink's events, counted in events."""
 
     delivered: int
-    """Handed to `handle()`, which returned."""
+    """Handed to ``handle()``, which returned."""
     dropped: int
     """Never handed over: the queue was full, or the sink was stuck at close."""
     failed: int
-    """Handed to `handle()`, which raised."""
+    """Handed to ``handle()``, which raised."""
     queued: int
     """Waiting in the queue now."""
 

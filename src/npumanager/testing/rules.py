@@ -252,7 +252,7 @@ RULES: tuple[Rule, ...] = (
         "match the reference device op by op and event by event",
     ),
 )
-"""Every test of `DriverSuite`, in the order it runs."""
+"""Every test of `~npumanager.testing.DriverSuite`, in the order it runs."""
 
 
 def table() -> list[list[str]]:

@@ -35,6 +35,6 @@ __all__ = [
 
 
 class DriverSuite(HalRules, OrderRules, ResourceRules):
-    """The conformance tests; subclass with `__test__ = True` and a `driver_name`."""
+    """The conformance tests; subclass with ``__test__ = True`` and a ``driver_name``."""
 
     __test__: ClassVar[bool] = False

@@ -3,8 +3,8 @@
 A simulated device is an `Engine`; the face checks every argument once, here, so every
 engine sees only valid calls and raises the same errors. It keeps the driver clock and
 moves events from the engine to the callback (through the debouncer) or, with no callback
-registered, keeps them for `take_events`. A driver for a real runtime implements the
-`Driver` protocol (`npumanager.core.driver.contract`) itself and needs none of this.
+registered, keeps them for `~npumanager.Driver.take_events`. A driver for a real runtime
+implements the `Driver` protocol (`npumanager.core.driver.contract`) itself and needs none of this.
 """
 
 from __future__ import annotations
@@ -70,11 +70,12 @@ class Engine(ABC):
 
     @abstractmethod
     def configure(self, configs: Mapping[int, SchedulingConfig]) -> None:
-        """Schedule by `configs` (the complete set, by uid) from now on."""
+        """Schedule by ``configs`` (the complete set, by uid) from now on."""
 
     @abstractmethod
     def load_model(self, device: int, weight_bytes: int, sram_bytes: int) -> int:
-        """Account a model on `device` and return its handle; `CapacityError` if it does not fit."""
+        """Account a model on ``device`` and return its handle; `CapacityError` if it does not
+        fit."""
 
     @abstractmethod
     def unload_model(self, model: int) -> None:
@@ -110,19 +111,19 @@ class Engine(ABC):
         feature_id: str | None,
         debug_pid: int,
     ) -> None:
-        """Arrivals made inside the device: `burst` jobs every `period_us` from `start_us`."""
+        """Arrivals made inside the device: ``burst`` jobs every ``period_us`` from ``start_us``."""
 
     @abstractmethod
     def end_work(self, work_id: int, reason: EndReason) -> None:
-        """End live work now with `reason` (`UnknownWorkError` if it is not live)."""
+        """End live work now with ``reason`` (`UnknownWorkError` if it is not live)."""
 
     @abstractmethod
     def add_heat(self, device: int, millicelsius: int) -> None:
-        """Raise a device's temperature by `millicelsius` now (a thermal spike)."""
+        """Raise a device's temperature by ``millicelsius`` now (a thermal spike)."""
 
     @abstractmethod
     def advance_to(self, target_us: int) -> None:
-        """Perform every event point up to `target_us` and make it the device time."""
+        """Perform every event point up to ``target_us`` and make it the device time."""
 
     @abstractmethod
     def now_us(self) -> int:
@@ -130,7 +131,8 @@ class Engine(ABC):
 
     @abstractmethod
     def next_event_us(self) -> int:
-        """When the next event point falls (`SIMULATION_HORIZON_US` if none is pending)."""
+        """When the next event point falls (`~npumanager.schemas.limits.SIMULATION_HORIZON_US`
+        if none is pending)."""
 
     @abstractmethod
     def idle(self) -> bool:
@@ -149,7 +151,7 @@ class Engine(ABC):
 
 
 class EngineDriver(DriverBase):
-    """A `Driver` over a simulated device `Engine`; a subclass says which (`_make_engine`)."""
+    """A `Driver` over a simulated device `Engine`; a subclass says which (``_make_engine``)."""
 
     engine: Engine
 
@@ -237,7 +239,7 @@ class EngineDriver(DriverBase):
         feature_id: str | None = None,
         debug_pid: int = 0,
     ) -> int:
-        """Queue one job of `cost_cycles` on the model's device; returns its work id."""
+        """Queue one job of ``cost_cycles`` on the model's device; returns its work id."""
         self._open()
         job = _job(model, uid, original_uid, job_priority, cost_cycles)
         return self.engine.submit(
@@ -263,7 +265,8 @@ class EngineDriver(DriverBase):
         feature_id: str | None = None,
         debug_pid: int = 0,
     ) -> None:
-        """Arrivals generated inside the device: `burst` jobs every `period_us`, `count` times."""
+        """Arrivals generated inside the device: ``burst`` jobs every ``period_us``, ``count``
+        times."""
         self._open()
         job = _job(model, uid, original_uid, job_priority, cost_cycles)
         now = self.now_us
@@ -290,7 +293,7 @@ class EngineDriver(DriverBase):
         self.engine.end_work(check_int("work_id", work_id, 0, INT32_MAX), EndReason.FAILED)
 
     def add_heat(self, device: int, millicelsius: int) -> None:
-        """A thermal spike: the device's temperature jumps by `millicelsius` now."""
+        """A thermal spike: the device's temperature jumps by ``millicelsius`` now."""
         self._open()
         self.engine.add_heat(
             self._device(device),
@@ -300,7 +303,7 @@ class EngineDriver(DriverBase):
     # Time -----------------------------------------------------------------------------
 
     def advance(self, us: int) -> None:
-        """Run the devices for `us` microseconds of device time, then deliver events."""
+        """Run the devices for ``us`` microseconds of device time, then deliver events."""
         self._open()
         now = self.now_us
         target = now + check_int("us", us, 0, SIMULATION_HORIZON_US - 1 - now)
@@ -308,7 +311,7 @@ class EngineDriver(DriverBase):
         self.pump()
 
     def run_until_idle(self, max_us: int | None = None) -> int:
-        """Run until no work is live and no arrival is pending (or `max_us` passed)."""
+        """Run until no work is live and no arrival is pending (or ``max_us`` passed)."""
         self._open()
         now = self.now_us
         span = SIMULATION_HORIZON_US - 1 - now
@@ -329,7 +332,8 @@ class EngineDriver(DriverBase):
         return self.now_us
 
     def pump(self) -> None:
-        """Deliver the engine's new events to the callback, or keep them for `take_events`."""
+        """Deliver the engine's new events to the callback, or keep them for
+        `~npumanager.Driver.take_events`."""
         self._hand_over(self.engine.take_events(), self.now_us)
 
     def idle(self) -> bool:
@@ -338,7 +342,7 @@ class EngineDriver(DriverBase):
         return self.engine.idle()
 
     def close(self) -> None:
-        """Stop the driver; later calls raise `DriverClosedError`."""
+        """Stop the driver; later calls raise ``DriverClosedError``."""
         if not self._closed:
             self._closed = True
             self.engine.close()

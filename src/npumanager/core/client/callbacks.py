@@ -35,7 +35,7 @@ class ModelLoadRequestCallback:
     def on_request_unload_model(
         self, request: ModelLoadRequest, reason: UnloadReason | None = None
     ) -> None:
-        """Release the model, then call `listener.notify_model_unloaded(request)`."""
+        """Release the model, then call ``listener.notify_model_unloaded(request)``."""
 
     def on_model_load_request_complete(
         self, request: ModelLoadRequest, status: ModelLoadRequestStatus

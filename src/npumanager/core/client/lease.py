@@ -48,7 +48,8 @@ class TimeSource(Protocol):
 
 
 class Holder(Protocol[Model_co]):
-    """What a lease uses of its `NpuManager` (typed here so the lease needs no import of it)."""
+    """What a lease uses of its `~npumanager.NpuManager` (typed here so the lease needs no
+    import of it)."""
 
     @property
     def backend(self) -> TimeSource:
@@ -149,7 +150,7 @@ class _LeaseBase(Generic[Model]):
 
     @property
     def status(self) -> ModelLoadStatus | None:
-        """The latest `on_can_load_model` status."""
+        """The latest `~npumanager.ModelLoadRequestCallback.on_can_load_model` status."""
         return self._state.status
 
     @property
@@ -175,8 +176,8 @@ class _LeaseBase(Generic[Model]):
         model: Any = None,
         path: Any = None,
     ) -> Model:
-        """Load the model into driver memory and report it loaded: `weight_bytes` on a
-        simulated driver, the model itself (`model=` or `path=`) on a real one."""
+        """Load the model into driver memory and report it loaded: ``weight_bytes`` on a
+        simulated driver, the model itself (``model=`` or ``path=``) on a real one."""
         loaded = self.manager.load_model(
             self.request, weight_bytes=weight_bytes, sram_bytes=sram_bytes, model=model, path=path
         )
@@ -218,7 +219,7 @@ class _LeaseBase(Generic[Model]):
 
 
 class Lease(_LeaseBase[Model]):
-    """A reservation held for the duration of a `with` block."""
+    """A reservation held for the duration of a ``with`` block."""
 
     def __enter__(self) -> Lease[Model]:
         self._start()
@@ -246,7 +247,7 @@ class Lease(_LeaseBase[Model]):
 
 
 class AsyncLease(_LeaseBase[Model]):
-    """A reservation held for the duration of an `async with` block."""
+    """A reservation held for the duration of an ``async with`` block."""
 
     async def __aenter__(self) -> AsyncLease[Model]:
         loop = asyncio.get_running_loop()

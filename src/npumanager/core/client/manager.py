@@ -103,7 +103,8 @@ class ModelLoadStatusListener:
 
 
 class Backend(TimeSource, Protocol):
-    """What an `NpuManager` talks to: a `Service`'s `backend`, or a `DaemonClient`.
+    """What an `NpuManager` talks to: a `~npumanager.Service`'s `~npumanager.Service.backend`,
+    or a `~npumanager.DaemonClient`.
 
     An app never calls these itself: its `NpuManager`, `ModelLoadStatusListener` and
     `LoadedModel` do, passing themselves so the backend knows which client acts.
@@ -117,7 +118,8 @@ class Backend(TimeSource, Protocol):
         executor: ExecutorLike | None,
         weight_bytes: int | None,
     ) -> None:
-        """Register a new request and have its decisions delivered to `callback` on `executor`."""
+        """Register a new request and have its decisions delivered to ``callback`` on
+        ``executor``."""
 
     def cancel_load(self, manager: NpuManager, request: ModelLoadRequest) -> None:
         """Withdraw one of the manager's live requests."""
@@ -227,9 +229,9 @@ class NpuManager:
         *,
         weight_bytes: int | None = None,
     ) -> None:
-        """Ask whether the model of `request` may be loaded; the answer comes to `callback`.
+        """Ask whether the model of ``request`` may be loaded; the answer comes to ``callback``.
 
-        `weight_bytes`, if known, lets capacity-aware policies count real bytes.
+        ``weight_bytes``, if known, lets capacity-aware policies count real bytes.
         """
         if not isinstance(request, ModelLoadRequest):
             raise TypeError(f"request must be a ModelLoadRequest; got {type(request).__name__}")
@@ -257,7 +259,7 @@ class NpuManager:
         self.close()
 
     def declare_feature(self) -> None:
-        """Declare use of the NPU feature (the platform's `uses-feature`)."""
+        """Declare use of the NPU feature (the platform's ``uses-feature``)."""
         self.uses_feature = True
 
     def load_model(
@@ -271,8 +273,8 @@ class NpuManager:
     ) -> LoadedModel:
         """Put a granted request's model into driver memory, on the device it was given.
 
-        A real driver takes the model itself (`model=` bytes or the runtime's object, or
-        `path=`), its bytes counted from it (in process only); a simulated one, `weight_bytes`.
+        A real driver takes the model itself (``model=`` bytes or the runtime's object, or
+        ``path=``), its bytes counted from it (in process only); a simulated one, ``weight_bytes``.
         """
         if model is None and path is None:
             if weight_bytes is None:
@@ -284,9 +286,10 @@ class NpuManager:
 
     def shared_array(self, shape: int | tuple[int, ...], dtype: Any = "float32") -> Any:
         """A new, uninitialised numpy array to write inputs into, which `LoadedModel.run`
-        and `submit` then read in place: through the daemon it lies in the connection's
-        shared segment (no copy of it is made; its room is given back when it is garbage
-        collected), in process it is `numpy.empty`. Any other array works too, copied."""
+        and `~npumanager.LoadedModel.submit` then read in place: through the daemon it lies
+        in the connection's shared segment (no copy of it is made; its room is given back
+        when it is garbage collected), in process it is ``numpy.empty``. Any other array
+        works too, copied."""
         dims = (shape,) if isinstance(shape, int) else tuple(shape)
         return _in_process(self._service).shared_array(dims, dtype)
 
@@ -307,7 +310,7 @@ class NpuManager:
         timeout_s: float | None = None,
         weight_bytes: int | None = None,
     ) -> AsyncLease[LoadedModel]:
-        """The same as `reserve`, for `async with`."""
+        """The same as `reserve`, for ``async with``."""
         return AsyncLease(self, request, timeout_s=timeout_s, weight_bytes=weight_bytes)
 
 
@@ -367,8 +370,8 @@ class LoadedModel:
         group_id: GroupId | None = None,
         feature_id: str | None = None,
     ) -> int | WorkHandle:
-        """Run one job: real `inputs` (a mapping of name to array) give a future of the
-        outputs (in process, on a real driver); `cost_cycles` (simulated) give a work id."""
+        """Run one job: real ``inputs`` (a mapping of name to array) give a future of the
+        outputs (in process, on a real driver); ``cost_cycles`` (simulated) give a work id."""
         if isinstance(work, Mapping):
             return _in_process(self.manager._service).submit_inference(
                 self, work, job_priority, original_uid, group_id, feature_id
@@ -383,7 +386,7 @@ class LoadedModel:
     def run(
         self, inputs: Mapping[str, Any], *, job_priority: int = 0, timeout: float | None = None
     ) -> list[Any]:
-        """Run one real inference and return its outputs; after `timeout` seconds the work
+        """Run one real inference and return its outputs; after ``timeout`` seconds the work
         is cancelled and `TimeoutError` raised."""
         backend = _in_process(self.manager._service)
         return backend.run_inference(self, inputs, job_priority, timeout)

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 @runtime_checkable
 class SchedulingCallback(Protocol):
-    """`ISchedulingCallback` in Python spelling: one method per lifecycle event."""
+    """``ISchedulingCallback`` in Python spelling: one method per lifecycle event."""
 
     def on_work_requested(self, info: WorkInfo) -> None:
         """The driver queued the work."""
@@ -63,7 +63,7 @@ class Driver(Protocol):
     Runtime or OpenVINO sessions) implements it directly. Errors are the package's:
     `IllegalArgumentError` for a bad argument, `CapacityError` for a load that does not
     fit, a `LookupError` (`UnknownModelError`, `UnknownWorkError`, `UnknownDeviceError`)
-    for a handle or id that is not live, `DriverClosedError` after `close`.
+    for a handle or id that is not live, ``DriverClosedError`` after `close`.
     """
 
     def set_scheduling_configs(
@@ -83,7 +83,7 @@ class Driver(Protocol):
     def set_callback(
         self, callback: Callback | None, debounce_duration_ms: int = DEBOUNCE_DURATION_MS
     ) -> None:
-        """Deliver events to `callback` (or to nobody), debounced over the window (0: raw)."""
+        """Deliver events to ``callback`` (or to nobody), debounced over the window (0: raw)."""
 
     @property
     def debounce_duration_ms(self) -> int:
@@ -137,7 +137,7 @@ class Driver(Protocol):
 
     def run_until_idle(self, max_us: int | None = None) -> int:
         """Run until no work is live (virtual time advances; real time waits at most
-        `max_us` of wall time); returns `now_us`."""
+        ``max_us`` of wall time); returns `now_us`."""
 
     def close(self) -> None:
         """Stop the driver and release what it holds; idempotent."""
@@ -145,10 +145,10 @@ class Driver(Protocol):
 
 @runtime_checkable
 class VirtualClock(Protocol):
-    """Capability `virtual_time`: time moves only when told, so runs are deterministic."""
+    """Capability ``virtual_time``: time moves only when told, so runs are deterministic."""
 
     def advance(self, us: int) -> None:
-        """Run the devices for `us` microseconds of device time, then deliver events."""
+        """Run the devices for ``us`` microseconds of device time, then deliver events."""
 
     def idle(self) -> bool:
         """True when no work is live and no arrival is pending: time alone changes nothing."""
@@ -161,13 +161,13 @@ class VirtualTimeDriver(Driver, VirtualClock, Protocol):
 
 @runtime_checkable
 class RealClock(Protocol):
-    """Capability `real_time` with something to wait on: events arrive by themselves.
+    """Capability ``real_time`` with something to wait on: events arrive by themselves.
 
     A real-time driver without `fileno` is pumped at least every 50 ms instead.
     """
 
     def fileno(self) -> int:
-        """A file descriptor that is readable while events wait for `pump`."""
+        """A file descriptor that is readable while events wait for `~npumanager.Driver.pump`."""
 
 
 @runtime_checkable
@@ -196,10 +196,10 @@ class WorkHandle(Protocol):
     work_id: int
     inline: Any
     """Set while work submitted `inline` holds a channel it has not run on yet (None
-    otherwise): `run_admitted` runs it."""
+    otherwise): ``run_admitted`` runs it."""
 
     def result(self, timeout: float | None = None) -> list[Any]:
-        """The outputs; raises if the work failed, was cancelled, or `timeout` passed."""
+        """The outputs; raises if the work failed, was cancelled, or ``timeout`` passed."""
 
     def cancel(self) -> bool:
         """Cancel the work; True if it is cancelled."""
@@ -208,7 +208,8 @@ class WorkHandle(Protocol):
         """True once the work ended."""
 
     def add_done_callback(self, fn: Callable[[Any], object]) -> None:
-        """Call `fn(self)` once the work ended (at once if it has), on the thread that ended it."""
+        """Call ``fn(self)`` once the work ended (at once if it has), on the thread that ended
+        it."""
 
 
 @runtime_checkable
@@ -267,10 +268,10 @@ class RealExecution(Protocol):
 
 @runtime_checkable
 class ThermalModel(Protocol):
-    """Capability `thermal_model`: the device heats with work and throttles."""
+    """Capability ``thermal_model``: the device heats with work and throttles."""
 
     def add_heat(self, device: int, millicelsius: int) -> None:
-        """A thermal spike: the device's temperature jumps by `millicelsius` now."""
+        """A thermal spike: the device's temperature jumps by ``millicelsius`` now."""
 
 
 def validate_configs(
@@ -341,7 +342,7 @@ class DriverBase:
         callback: SchedulingCallback | BatchCallback | None,
         debounce_duration_ms: int = DEBOUNCE_DURATION_MS,
     ) -> None:
-        """Hold `callback` (or none); events reach it debounced over the window (0: raw).
+        """Hold ``callback`` (or none); events reach it debounced over the window (0: raw).
 
         Events held for the previous callback are delivered to it first.
         """
@@ -392,7 +393,7 @@ class DriverBase:
             self._retained.extend(events)
 
     def pump(self) -> None:
-        """Hand the events that happened since the last call over (`_hand_over`)."""
+        """Hand the events that happened since the last call over (``_hand_over``)."""
         raise NotImplementedError
 
     def take_events(self) -> list[WorkEvent]:

@@ -15,7 +15,7 @@ from npumanager.schemas import EndReason, NpuUuid, StartReason, WorkInfo
 
 
 class EventKind(IntEnum):
-    """Which `ISchedulingCallback` method an event stands for."""
+    """Which ``ISchedulingCallback`` method an event stands for."""
 
     REQUESTED = 0
     STARTED = 1
@@ -29,7 +29,7 @@ NO_REASON = -1
 class WorkEvent(NamedTuple):
     """One lifecycle event: the kind, its reason, the `WorkInfo` fields, and the exact time.
 
-    `reason` is a `StartReason` for STARTED, an `EndReason` for ENDED, `NO_REASON`
+    `reason` is a `StartReason` for STARTED, an `EndReason` for ENDED, ``NO_REASON``
     otherwise. `time_us` is the device time in microseconds (`timestamp_ms` is it in
     whole milliseconds); `model` is the driver's handle of the model the work ran.
     """
@@ -50,7 +50,7 @@ class WorkEvent(NamedTuple):
     model: int
 
     def describe(self) -> str:
-        """A short human form, e.g. `ENDED(COMPLETED) #12 uid 10001`."""
+        """A short human form, e.g. ``ENDED(COMPLETED) #12 uid 10001``."""
         kind = EventKind(self.kind)
         if kind == EventKind.STARTED:
             detail = f"({StartReason(self.reason).name})"

@@ -21,8 +21,8 @@ from npumanager.schemas.limits import MEMORY_PRESSURE_NONE
 
 @runtime_checkable
 class HealthSource(Protocol):
-    """What every health source has: `read()`. `interval_ms`, `descriptors()`, `ready(fd)`
-    and `close()` are optional (see the hook's documentation)."""
+    """What every health source has: `read()`. ``interval_ms``, ``descriptors()``, ``ready(fd)``
+    and ``close()`` are optional (see the hook's documentation)."""
 
     def read(self) -> HealthSample | Mapping[str, Any]:
         """Everything the source can read now; readings it cannot make are left out."""

@@ -253,7 +253,7 @@ class PluginRegistry:
                 yield Registration(record, source)
 
     def validate(self, model: type[_M], value: Any, source: PluginSource) -> _M | None:
-        """`value` as a valid `model`, or None after reporting and counting it."""
+        """``value`` as a valid ``model``, or None after reporting and counting it."""
         if isinstance(value, BaseModel) and not isinstance(value, model):
             value = value.model_dump()
         try:
@@ -311,7 +311,7 @@ class PluginRegistry:
             raise UnknownPluginError(f"{self._why_not(kind, name)}; available: {known}") from None
 
     def _why_not(self, kind: PluginKind, name: str) -> str:
-        """Why `name` is not registered, when the registry knows: an extra, a setting."""
+        """Why ``name`` is not registered, when the registry knows: an extra, a setting."""
         if why := self.unavailable.get((str(kind), name)):
             return f"{kind} {name!r} is not available here: {why}"
         for entry in self.entries:
@@ -321,25 +321,25 @@ class PluginRegistry:
         return f"unknown {kind} {name!r}"
 
     def driver(self, name: str) -> DriverRecord:
-        """The driver record registered under `name`."""
+        """The driver record registered under ``name``."""
         record = self.get(PluginKind.DRIVER, name).record
         assert isinstance(record, DriverRecord)
         return record
 
     def policy(self, name: str) -> PolicyRecord:
-        """The policy record registered under `name`."""
+        """The policy record registered under ``name``."""
         record = self.get(PluginKind.POLICY, name).record
         assert isinstance(record, PolicyRecord)
         return record
 
     def sink(self, name: str) -> SinkRecord:
-        """The sink record registered under `name`."""
+        """The sink record registered under ``name``."""
         record = self.get(PluginKind.SINK, name).record
         assert isinstance(record, SinkRecord)
         return record
 
     def health_source(self, name: str) -> HealthSourceRecord:
-        """The health-source record registered under `name`."""
+        """The health-source record registered under ``name``."""
         record = self.get(PluginKind.HEALTH_SOURCE, name).record
         assert isinstance(record, HealthSourceRecord)
         return record

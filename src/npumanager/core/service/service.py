@@ -198,7 +198,7 @@ class Service:
 
     @property
     def backend(self) -> LocalBackend:
-        """What this service's managers call: the public `Backend` interface, in process."""
+        """What this service's managers call: the public ``Backend`` interface, in process."""
         return self._backend
 
     def set_uid_importance(self, uid: int, importance: int) -> None:
@@ -240,8 +240,8 @@ class Service:
         self._decisions.act(lambda now: self._decisions.signal_memory(now, level))
 
     def add_health_source(self, source: HealthSpec, **options: Any) -> str:
-        """Read device health from a source too: a registered name (built with `options`),
-        `(name, options)` or an object with `read()`; its name in `snapshot()["health"]`.
+        """Read device health from a source too: a registered name (built with ``options``),
+        ``(name, options)`` or an object with ``read()``; its name in ``snapshot()["health"]``.
 
         Health sources read the machine as it is now, so they need the real clock.
         """
@@ -282,11 +282,11 @@ class Service:
         queue_size: int = DEFAULT_SINK_QUEUE_EVENTS,
         **options: Any,
     ) -> SinkHandle:
-        """Send telemetry to a sink: a registered name (built with `options`) or an object.
+        """Send telemetry to a sink: a registered name (built with ``options``) or an object.
 
         Work events reach it through its own debouncer with the platform's rules
-        (`debounce_duration_ms`, 0 for raw events); model-load events and device samples
-        are never debounced. In real time at most `queue_size` events wait for a slow
+        (``debounce_duration_ms``, 0 for raw events); model-load events and device samples
+        are never debounced. In real time at most ``queue_size`` events wait for a slow
         sink; more are dropped and counted (`sink_stats`).
         """
         TelemetryHub.check_options(debounce_duration_ms, queue_size)
@@ -335,7 +335,7 @@ class Service:
             return self.arbiter.state_of(manager.client, request.id)
 
     def advance(self, ms: int) -> None:
-        """Virtual time: run the driver and the policy forward by `ms` milliseconds."""
+        """Virtual time: run the driver and the policy forward by ``ms`` milliseconds."""
         self._virtual_time("advance").advance(ms)
 
     def quiescent(self) -> bool:

@@ -92,7 +92,7 @@ class DaemonClient(WireClient):
     def info(self, *, offset: int = 0, limit: int = DEFAULT_INFO_LIMIT) -> dict[str, Any]:
         """The daemon's state: policy, priorities, requests by state, devices, clients.
 
-        Each list holds at most `limit` entries from `offset` on (counts are whole); without
+        Each list holds at most ``limit`` entries from ``offset`` on (counts are whole); without
         the management permission, only this uid's entries are listed.
         """
         return self._call(p.Info, offset=offset, limit=limit) or {}
@@ -320,14 +320,15 @@ def connect(
     shared_bytes: int = DEFAULT_CLIENT_SHARED_BYTES,
     lane_spin_us: int = DEFAULT_LANE_SPIN_US,
 ) -> NpuManager:
-    """An `NpuManager` served by the daemon on `socket_path` (default: the per-user socket).
+    """An `~npumanager.NpuManager` served by the daemon on ``socket_path`` (default: the
+    per-user socket).
 
     The daemon knows the caller by the kernel's credentials of the connection. Close the
     manager (or use it as a context manager) to leave; its requests then end. Real
-    inference (`load_model(path=...)`, `LoadedModel.run`) moves tensors through a shared
-    segment of `shared_bytes`, made on first use. While `run`'s replies come within
-    `lane_spin_us` microseconds, the caller polls for them that long before it sleeps
-    (quicker answers for up to that much CPU a run; 0: always sleep).
+    inference (``load_model(path=...)``, `~npumanager.LoadedModel.run`) moves tensors
+    through a shared segment of ``shared_bytes``, made on first use. While a run's replies
+    come within ``lane_spin_us`` microseconds, the caller polls for them that long before
+    it sleeps (quicker answers for up to that much CPU a run; 0: always sleep).
     """
     client = DaemonClient(
         socket_path,

@@ -276,7 +276,7 @@ class ReferenceEngine(Engine):
         dev.dirty = True
 
     def end_work(self, work_id: int, reason: EndReason) -> None:
-        """End one live job now with `reason` (CANCELLED_USER, or FAILED for a fault)."""
+        """End one live job now with ``reason`` (CANCELLED_USER, or FAILED for a fault)."""
         work = self.work.get(work_id)
         if work is None:
             raise UnknownWorkError(f"work_id {work_id} is not live (never submitted or ended)")
@@ -292,7 +292,7 @@ class ReferenceEngine(Engine):
     # Time -----------------------------------------------------------------------
 
     def advance_to(self, target_us: int) -> None:
-        """Run every device up to `target_us`, event point by event point."""
+        """Run every device up to ``target_us``, event point by event point."""
         while True:
             best: tuple[int, int] | None = None
             for dev in self.devices:

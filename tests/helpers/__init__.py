@@ -1,0 +1,1 @@
+"""What the tests share that is not a test: daemons, child processes, builders and fakes."""
