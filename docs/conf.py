@@ -58,6 +58,9 @@ nitpick_ignore_regex = [
     # - the in-process implementation of Backend (documented), which Service builds and
     #   Service.backend returns; its constructor takes the service's internals;
     ("py:class", r"npumanager\.core\.service\.backend\.LocalBackend"),
+    # - the arbiter that Service.arbiter returns for inspection: its API is the policy
+    #   writers' (the integrators' guide), not an app's;
+    ("py:class", r"npumanager\.core\.arbiter\.arbiter\.Arbiter"),
     # - typing.Annotated around one of our enums (or around a union, ``types``): Sphinx names
     #   the Annotated form after the module of the type it wraps, a target that does not exist;
     ("py:class", r"(types|npumanager\.schemas\.(device|enums))\.Annotated"),

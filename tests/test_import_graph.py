@@ -211,3 +211,41 @@ def test_no_forbidden_direction() -> None:
         if (why := forbidden(source, target)) is not None
     ]
     assert broken == []
+
+
+OWNER = {f"{PACKAGE}.core.service.{name}" for name in ("state", "carrying", "clocks")}
+"""The service's one owner (`state.ServiceState` on its base `carrying`) and its clocks."""
+OWNED = {"_lock", "_arbiter", "_records", "_driver", "locked"}
+"""What the owner holds: nothing else reaches for them on another object."""
+FACADES = (f"{PACKAGE}.core.service.service", f"{PACKAGE}.core.service.backend")
+"""Thin facades over the owner, with the daemon's server: they call no method of the
+arbiter or the driver and take no lock of the service."""
+
+
+def reaches(path: Path, facade: bool) -> Iterator[str]:
+    """Where a module reaches into what only the owner may touch."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Attribute):
+            continue
+        on_self = isinstance(node.value, ast.Name) and node.value.id == "self"
+        if node.attr in OWNED and not on_self:
+            yield f"{path.name}:{node.lineno}: .{node.attr} of another object"
+        inner = node.value
+        if facade and isinstance(inner, ast.Attribute) and inner.attr in ("arbiter", "driver"):
+            yield f"{path.name}:{node.lineno}: .{inner.attr}.{node.attr}"
+
+
+def test_nothing_but_the_owner_touches_the_services_state() -> None:
+    found = {
+        name: list(reaches(path, within(name, *FACADES, f"{PACKAGE}.daemon.server")))
+        for name, path in modules().items()
+        if name not in OWNER
+    }
+    assert {name: where for name, where in found.items() if where} == {}
+
+
+def test_reaching_into_the_owner_is_recognised(tmp_path: Path) -> None:
+    sneaky = tmp_path / "sneaky.py"
+    sneaky.write_text("def f(state, service):\n    state._lock\n    service.arbiter.tick(0)\n")
+    assert len(list(reaches(sneaky, facade=True))) == 2
+    assert len(list(reaches(sneaky, facade=False))) == 1

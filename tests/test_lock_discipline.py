@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from helpers.arbiter import BG, BG_CLIENT, FG, FG_CLIENT, ranked, small
 from npumanager import Importance, ModelLoadRequestCallback, ModelLoadStatus, Service
 from npumanager.core.arbiter.arbiter import Arbiter
 from npumanager.errors import UnknownRequestError
 from npumanager.plugins.policies.budget import budget
 from npumanager.schemas import ModelLoadRequest, ModelSize
-from test_arbiter import BG, BG_CLIENT, FG, FG_CLIENT, ranked, small
 
 QUERIES: dict[str, Callable[[Arbiter], object]] = {
     "next_deadline_ms": lambda a: a.next_deadline_ms(),
@@ -129,7 +129,7 @@ def test_every_arbiter_call_of_a_real_time_service_holds_the_service_lock(
     lock_violations: list[str],
 ) -> None:
     with Service("vnpu", "turn_taking", clock="real", unload_grace_ms=5) as svc:
-        svc.arbiter.owner_lock = svc._lock  # type: ignore[attr-defined]
+        svc.arbiter.owner_lock = svc._state.locked()  # type: ignore[attr-defined]
         svc.set_uid_importance(BG, Importance.CACHED)
         svc.set_uid_importance(FG, Importance.FOREGROUND)
         background = svc.manager(BG, uses_feature=True)

@@ -3,7 +3,8 @@
 Both drive the service the same way: under its lock, move the driver (advance it, or pump
 what arrived) and let the service carry out what follows (`after_step`); then, outside the
 lock, flush the callbacks that were queued. The real-time thread reads the arbiter's next
-deadline under the lock too: nothing here touches the arbiter any other way.
+deadline under the lock too: nothing here touches the arbiter any other way. The clocks
+are the service owner's own (`state.ServiceState`), the one other place its lock is taken.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ _MAX_MS = SIMULATION_HORIZON_US // 1000
 class Stepper(Protocol):
     """The service as its clock sees it."""
 
-    @property
-    def lock(self) -> AbstractContextManager[Any]:
+    def locked(self) -> AbstractContextManager[Any]:
         """The service lock."""
 
     @property
@@ -64,7 +64,7 @@ class VirtualTime:
         service, driver = self._service, self._driver
         target_us = (service.now_ms + check_int("ms", ms, 0, _MAX_MS)) * 1000
         while True:
-            with service.lock:
+            with service.locked():
                 service.check_open()
                 now_us = driver.now_us
                 if now_us >= target_us:
@@ -77,7 +77,7 @@ class VirtualTime:
 
     def quiescent(self) -> bool:
         """True when no work runs and no decision is due, so nothing will change."""
-        with self._service.lock:
+        with self._service.locked():
             return self._driver.idle() and self._service.next_deadline_ms() is None
 
     def run_until_idle(self, max_ms: int) -> None:
@@ -110,7 +110,7 @@ class RealTime:
         service, driver = self._service, self._driver
         fd = driver.fileno() if isinstance(driver, RealClock) else None
         while not self._stop.is_set():
-            with service.lock:
+            with service.locked():
                 if service.closed:
                     return
                 due = service.next_deadline_ms()
@@ -120,7 +120,7 @@ class RealTime:
                 select.select([fd], [], [], timeout)
             else:
                 self._stop.wait(timeout)
-            with service.lock:
+            with service.locked():
                 if service.closed:
                     return
                 driver.pump()

@@ -1,11 +1,12 @@
 """The `npu` service: the arbiter's decisions carried out against a driver.
 
 One driver, one model-loading policy (a plugin), the clients' callbacks. `Service` builds
-them and is the facade of the owner's calls; its parts live beside it: `decisions` (the
-service lock, every arbiter input and the carrying out of its actions), `backend` (what
-the clients' managers call), `requests` (the records and their delivery queues),
-`telemetry_bridge` (sinks, listeners, health samples) and `clocks` (the virtual-time loop
-and the real-time service thread).
+them and is the facade of the service owner's calls; its parts live beside it: `state`
+(the one owner of the service's state: its lock, the arbiter, the records, the driver,
+with a method for each intention; `carrying` is its base, the carrying out of the
+arbiter's actions), `backend` (what the clients' managers call), `requests` (the records
+and their delivery queues), `telemetry_bridge` (sinks, listeners, health samples) and
+`clocks` (the virtual-time loop and the real-time service thread).
 
 In virtual time (`clock="virtual"`) nothing moves until `advance` or `run_until_idle`;
 callbacks run inline unless a client gives an executor. In real time a service thread
@@ -20,20 +21,20 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from npumanager.checks import check_int
-from npumanager.core.arbiter.actions import Complete, RequestState, Revoke
+from npumanager.core.arbiter.actions import RequestState
 from npumanager.core.arbiter.arbiter import Arbiter
 from npumanager.core.arbiter.policy import Policy, build_policy, policy_name
 from npumanager.core.client.dispatch import DeliveryStats, run_inline
 from npumanager.core.client.manager import NpuManager
-from npumanager.core.driver.contract import Driver, ThermalModel, VirtualTimeDriver
+from npumanager.core.driver.contract import Driver, VirtualTimeDriver
 from npumanager.core.driver.events import WorkEvent
 from npumanager.core.plugins.health import HealthSpec, build_health_source
 from npumanager.core.plugins.registry import PluginRegistry, load_plugins
 from npumanager.core.service.backend import LocalBackend
+from npumanager.core.service.carrying import Clock
 from npumanager.core.service.clocks import RealTime, VirtualTime
-from npumanager.core.service.decisions import Clock, Decisions
 from npumanager.core.service.health_monitor import HealthMonitor
-from npumanager.core.service.snapshot import build_snapshot
+from npumanager.core.service.state import ServiceState
 from npumanager.core.service.telemetry_bridge import EventListener, TelemetryBridge
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import DriverCapability, ModelLoadRequest, ModelPolicy
@@ -93,32 +94,31 @@ class Service:
         self.management_uids = frozenset({ROOT_UID, SYSTEM_UID, *management_uids})
         self.attribution_uids = frozenset({ROOT_UID, SYSTEM_UID, *attribution_uids})
         self._stats = DeliveryStats()
-        self._next_client = 1
         self.policy_name, policy_object = self._make_policy(policy, policy_params)
-        self.arbiter = Arbiter(
+        arbiter = Arbiter(
             policy_object, unload_grace_ms=unload_grace_ms, attribution_uids=self.attribution_uids
         )
-        self.driver: Driver = self._make_driver(driver, devices, dict(driver_options or {}))
+        driver_object = self._make_driver(driver, devices, dict(driver_options or {}))
         self._virtual: VirtualTime | None = None
         self._real: RealTime | None = None
         self._telemetry = TelemetryBridge(
-            self.driver, threaded=clock == "real", health_interval_ms=health_interval_ms
+            driver_object, threaded=clock == "real", health_interval_ms=health_interval_ms
         )
-        self._decisions = Decisions(clock, self.arbiter, self.driver, self._telemetry)
-        self._lock = self._decisions.lock
+        self._state = ServiceState(clock, arbiter, driver_object, self._telemetry)
+        self._inspect = (arbiter, driver_object)
         if clock == "virtual":
-            if not isinstance(self.driver, VirtualTimeDriver):
-                self.driver.close()
+            if not isinstance(driver_object, VirtualTimeDriver):
+                driver_object.close()
                 raise IllegalArgumentError(
                     f"a virtual clock needs a driver with advance() and idle(); "
-                    f"{type(self.driver).__name__} has none"
+                    f"{type(driver_object).__name__} has none"
                 )
-            self._virtual = VirtualTime(self._decisions, self.driver)
+            self._virtual = VirtualTime(self._state, driver_object)
         self._dispatcher = (
             ThreadPoolExecutor(1, thread_name_prefix="npu-dispatch") if clock == "real" else None
         )
         self._backend = LocalBackend(
-            self._decisions,
+            self._state,
             default_executor=self._dispatcher or run_inline,
             stats=self._stats,
             feature_mode=feature_mode,
@@ -127,20 +127,28 @@ class Service:
             advance=self.advance,
             quiescent=self.quiescent,
         )
-        self.driver.set_callback(_DriverEvents(self._decisions), debounce_duration_ms=0)
-        self._health = HealthMonitor(self._decisions.health_read)
+        driver_object.set_callback(_DriverEvents(self._state), debounce_duration_ms=0)
+        self._health = HealthMonitor(self._state.health_read)
         for sink in sinks:
             self.add_sink(sink)
         for spec in health:
             self.add_health_source(spec)
-        with self._lock:
-            capacities = [d.weight_memory_bytes for d in self.driver.describe_devices()]
-            self._decisions.perform(self.arbiter.set_capacity(self.now_ms, capacities))
-            self._decisions.perform(self.arbiter.connect_driver())
-            self._decisions.sample_devices()
+        self._state.connect()
         if clock == "real":
-            self._real = RealTime(self._decisions, self.driver)
+            self._real = RealTime(self._state, driver_object)
             self._real.start()
+
+    @property
+    def arbiter(self) -> Arbiter:
+        """The arbiter, to inspect (its queries change nothing); every input goes through
+        the service's calls."""
+        return self._inspect[0]
+
+    @property
+    def driver(self) -> Driver:
+        """The driver, to inspect (``describe_devices``, ``device_state``); everything it
+        is told goes through the service."""
+        return self._inspect[1]
 
     def _make_driver(
         self,
@@ -189,12 +197,9 @@ class Service:
     def manager(
         self, uid: int, *, pid: int | None = None, uses_feature: bool = False
     ) -> NpuManager:
-        """An `NpuManager` for an app with this uid living in this process."""
+        """An `~npumanager.NpuManager` for an app with this uid living in this process."""
         uid = check_int("uid", uid, 0, INT32_MAX)
-        with self._lock:
-            client = self._next_client
-            self._next_client += 1
-        return NpuManager(self._backend, client, uid, pid, uses_feature)
+        return NpuManager(self._backend, self._state.new_client(), uid, pid, uses_feature)
 
     @property
     def backend(self) -> LocalBackend:
@@ -203,16 +208,15 @@ class Service:
 
     def set_uid_importance(self, uid: int, importance: int) -> None:
         """Tell the service how important a uid's process is now (as the activity manager would)."""
-        self._decisions.act(lambda now: self.arbiter.set_importance(now, uid, importance))
+        self._state.set_importance(uid, importance)
 
     def set_policy(
         self, policy: str | ModelPolicy | int, params: Mapping[str, Any] | None = None
     ) -> None:
         """Swap the model-loading policy (the service owner's call: no permission check)."""
         name, policy_object = self._make_policy(policy, params)
-        with self._lock:
-            self.policy_name = name
-        self._decisions.act(lambda now: self.arbiter.set_policy(now, policy_object))
+        self.policy_name = name
+        self._state.set_policy(policy_object)
 
     def set_uid_access(
         self,
@@ -222,22 +226,15 @@ class Service:
         can_attribute_other_uid: bool | None = None,
     ) -> None:
         """Override what a uid's scheduling config allows (None keeps a value as it is)."""
-        self._decisions.act(
-            lambda now: self.arbiter.set_access(
-                now,
-                uid,
-                has_direct_access=has_direct_access,
-                can_attribute_other_uid=can_attribute_other_uid,
-            )
-        )
+        self._state.set_access(uid, has_direct_access, can_attribute_other_uid)
 
     def client_died(self, manager: NpuManager) -> None:
         """A client went away: its requests end and its share is freed."""
-        self._decisions.act(lambda now: self.arbiter.client_died(now, manager.client))
+        self._state.close_client(manager.client)
 
     def set_memory_pressure(self, level: int) -> None:
         """Signal memory pressure: 0 none, 1 moderate, 2 critical (a health source may raise it)."""
-        self._decisions.act(lambda now: self._decisions.signal_memory(now, level))
+        self._state.set_memory_pressure(level)
 
     def add_health_source(self, source: HealthSpec, **options: Any) -> str:
         """Read device health from a source too: a registered name (built with ``options``),
@@ -252,27 +249,17 @@ class Service:
                 raise IllegalArgumentError("options are for a health source given by name")
             source = (source, options)
         name, built = build_health_source(self.registry, source)
-        with self._lock:
-            self._decisions.check_open()
-            state = self._telemetry.health.add(name)
+        state = self._state.add_health_state(name)
         self._health.add(state, built)
         return state.name
 
     def add_heat(self, device: int, millicelsius: int) -> None:
         """A thermal spike on a simulated device (the driver must have a thermal model)."""
-        driver = self.driver
-        if not isinstance(driver, ThermalModel):
-            raise IllegalArgumentError(f"driver {type(driver).__name__} has no thermal model")
-        with self._lock:
-            self._decisions.check_open()
-            driver.add_heat(device, millicelsius)
-            self._decisions.after_step()
-        self._decisions.flush()
+        self._state.add_heat(device, millicelsius)
 
     def add_listener(self, listener: EventListener) -> None:
         """Receive every raw work event, in batches, as the driver reports them."""
-        with self._lock:
-            self._telemetry.add_listener(listener)
+        self._state.add_listener(listener)
 
     def add_sink(
         self,
@@ -291,38 +278,26 @@ class Service:
         """
         TelemetryHub.check_options(debounce_duration_ms, queue_size)
         name, built = self._telemetry.build_sink(self.registry, sink, options)
-        with self._lock:
-            self._decisions.check_open()
-            return self._telemetry.add_sink(name, built, debounce_duration_ms, queue_size)
+        return self._state.add_sink(name, built, debounce_duration_ms, queue_size)
 
     def remove_sink(self, handle: SinkHandle) -> None:
         """Stop sending to a sink: what it still has coming is delivered, then it is closed."""
-        with self._lock:
-            self._telemetry.remove_sink(handle)
+        self._state.remove_sink(handle)
 
     def sink_stats(self) -> dict[str, SinkStats]:
         """Delivered, dropped, failed and queued events of every sink, by name."""
-        return self._telemetry.stats()
+        return self._state.sink_stats()
 
     # Queries ----------------------------------------------------------------------------
 
     @property
     def now_ms(self) -> int:
         """The service clock, in milliseconds."""
-        return self._decisions.now_ms
+        return self._state.now_ms
 
     def snapshot(self) -> dict[str, Any]:
         """What the service holds now, as plain data: policy, configs, requests, devices."""
-        with self._lock:
-            return build_snapshot(
-                self.arbiter,
-                self.driver,
-                policy_name=self.policy_name,
-                sinks=self.sink_stats(),
-                callback_errors=self.callback_errors,
-                model_devices=self._decisions.requests.model_devices(),
-                health=self._telemetry.health,
-            )
+        return self._state.snapshot(self.policy_name, self.callback_errors)
 
     @property
     def callback_errors(self) -> int:
@@ -331,8 +306,7 @@ class Service:
 
     def state_of(self, manager: NpuManager, request: ModelLoadRequest) -> RequestState:
         """Where a live request stands (`UnknownRequestError` if it is not live)."""
-        with self._lock:
-            return self.arbiter.state_of(manager.client, request.id)
+        return self._state.state_of(manager.client, request.id)
 
     def advance(self, ms: int) -> None:
         """Virtual time: run the driver and the policy forward by ``ms`` milliseconds."""
@@ -341,8 +315,7 @@ class Service:
     def quiescent(self) -> bool:
         """Virtual time: True when no work runs and no decision is due, so nothing will change."""
         if self._virtual is None:
-            with self._lock:
-                return self.arbiter.next_deadline_ms() is None
+            return self._state.no_deadline()
         return self._virtual.quiescent()
 
     def run_until_idle(self, max_ms: int = DEFAULT_RUN_UNTIL_IDLE_MS) -> None:
@@ -360,26 +333,15 @@ class Service:
 
     def close(self) -> None:
         """End every live request (its client gets the completion), stop, close the driver."""
-        d = self._decisions
         self._health.stop()
-        with self._lock:
-            if d.closed:
-                return
-            for client in d.requests.clients():
-                final = [
-                    action
-                    for action in self.arbiter.client_died(self.now_ms, client)
-                    if isinstance(action, Complete | Revoke)
-                ]
-                d.perform(final)
-            d.closed = True
-        d.flush()
+        if not self._state.close():
+            return
         if self._real is not None:
             self._real.stop(timeout_s=5)
         if self._dispatcher is not None:
             self._dispatcher.shutdown(wait=True)
         self._telemetry.close()
-        self.driver.close()
+        self._state.close_driver()
 
     def __enter__(self) -> Service:
         return self
@@ -391,9 +353,8 @@ class Service:
 class _DriverEvents:
     """The service's batch callback on the driver (raw events, no debounce)."""
 
-    def __init__(self, decisions: Decisions) -> None:
-        self._decisions = decisions
+    def __init__(self, state: ServiceState) -> None:
+        self._state = state
 
     def on_work_events(self, events: Sequence[WorkEvent]) -> None:
-        with self._decisions.lock:
-            self._decisions.on_work_events(events)
+        self._state.driver_events(events)

@@ -1,11 +1,12 @@
-"""Carrying out the arbiter's decisions: the one place that holds the service lock.
+"""The service's state and the carrying out of the arbiter's decisions: the base of its
+one owner, `state.ServiceState`.
 
-`Decisions` owns the lock, the arbiter, the driver, the request records and the telemetry
-bridge. Every arbiter call happens here or in a caller holding `lock`: `act` runs an
-input and performs what it returns; driver events, ticks and thermal changes come back
-through `on_work_events` and `after_step`. Callbacks are queued under the lock and
-scheduled by `flush` once it is released. It is also what the clocks drive
-(`clocks.Stepper`).
+`Carrying` holds the lock, the arbiter, the driver, the request records and the telemetry
+bridge. `act` runs an arbiter input under the lock and performs what it returns; driver
+events, ticks and thermal changes come back through `on_work_events` and `after_step`.
+Callbacks are queued under the lock and scheduled by `flush` once it is released. It is
+also what the clocks drive (`clocks.Stepper`). Nothing outside the owner's modules
+touches what it holds.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Literal
+from contextlib import AbstractContextManager
+from typing import Any, Literal
 
 from npumanager.checks import check_int
 from npumanager.core.arbiter.actions import (
@@ -45,29 +47,33 @@ _ENDED, _PAUSED, _COMPLETED = int(EventKind.ENDED), int(EndReason.PAUSED), int(E
 is not free, per event)."""
 
 
-class Decisions:
+class Carrying:
     """The service's state under its lock, and the carrying out of every decision."""
 
     def __init__(
         self, clock: Clock, arbiter: Arbiter, driver: Driver, telemetry: TelemetryBridge
     ) -> None:
         self.clock = clock
-        self.lock = threading.RLock()
-        self.arbiter = arbiter
-        self.driver = driver
-        self.telemetry = telemetry
-        self.requests = Requests()
+        self._lock = threading.RLock()
+        self._arbiter = arbiter
+        self._driver = driver
+        self._telemetry = telemetry
+        self._records = Requests()
         self.closed = False
         self._completed: dict[int, None] = {}
         self._pending: list[Action] = []
         self._memory_signal = MEMORY_PRESSURE_NONE
         """The level `Service.set_memory_pressure` gave; the health sources' may be higher."""
 
+    def locked(self) -> AbstractContextManager[Any]:
+        """The service lock, for the owner's clocks (`clocks`) alone."""
+        return self._lock
+
     @property
     def now_ms(self) -> int:
         """The service clock, in milliseconds: the driver's in virtual time, else monotonic."""
         if self.clock == "virtual":
-            return self.driver.now_us // 1000
+            return self._driver.now_us // 1000
         return time.monotonic_ns() // 1_000_000
 
     def check_open(self) -> None:
@@ -77,73 +83,78 @@ class Decisions:
 
     def act(self, step: Callable[[int], list[Action]]) -> None:
         """Run one arbiter input under the lock, perform its actions, then flush."""
-        with self.lock:
+        with self._lock:
             self.check_open()
             self.perform(step(self.now_ms))
         self.flush()
 
     def perform(self, actions: Iterable[Action]) -> None:
         """Carry out driver-side actions now and queue deliveries (lock held)."""
-        requests = self.requests
+        records = self._records
         for action in actions:
             if isinstance(action, RelayConfigs):
                 if action.replace_all:
-                    self.driver.set_scheduling_configs(action.configs)
+                    self._driver.set_scheduling_configs(action.configs)
                 else:
-                    self.driver.update_scheduling_configs(action.configs)
+                    self._driver.update_scheduling_configs(action.configs)
                 continue
-            record = requests.get(action.key)
+            record = records.get(action.key)
             if record is None:
                 log.warning("action for a request the service does not know: %r", action)
                 continue
             if isinstance(action, CanLoad) and action.device is not None:
                 record.device = action.device
-            self.telemetry.action(record.manager.uid, action, record.device)
+            self._telemetry.action(record.manager.uid, action, record.device)
             if isinstance(action, CanLoad):
-                requests.deliver(record, record.decided(action.status))
+                records.deliver(record, record.decided(action.status))
             elif isinstance(action, RequestUnload):
-                requests.deliver(record, record.unload_asked(action.reason))
+                records.deliver(record, record.unload_asked(action.reason))
             elif isinstance(action, Revoke):
                 self.unload_models(action.key)
             elif isinstance(action, Complete):
                 self.unload_models(action.key)
-                requests.remove(action.key)
-                requests.deliver(record, record.completed(action.status))
+                records.remove(action.key)
+                records.deliver(record, record.completed(action.status))
 
     def flush(self) -> None:
         """Schedule the queues that got deliveries (lock not held), then drain the sinks."""
         while True:
-            with self.lock:
-                queues = self.requests.take_queues()
+            with self._lock:
+                queues = self._records.take_queues()
             if not queues:
-                self.telemetry.drain()
+                self._telemetry.drain()
                 return
             for queue in queues:
                 queue.schedule()
 
     def unload_models(self, key: RequestKey) -> None:
         """Take a request's models off the device (lock held)."""
-        record = self.requests.get(key)
+        record = self._records.get(key)
         if record is None or not record.models:
             return
         for model in record.models:
-            self.driver.unload_model(model.handle)
+            self._driver.unload_model(model.handle)
         record.models.clear()
-        self.telemetry.health_changed()
+        self._telemetry.health_changed()
 
     def state_changed(self, key: RequestKey, state: ModelLoadState) -> None:
         """Tell the sinks a client reported its model loaded or unloaded (lock held)."""
-        record = self.requests.get(key)
+        record = self._records.get(key)
         if record is not None:
             uid = record.manager.uid
-            self.telemetry.state_changed(uid, key, record.request, state, record.device)
+            self._telemetry.state_changed(uid, key, record.request, state, record.device)
 
     # Driver events and time (lock held) ----------------------------------------------------
 
+    def driver_events(self, events: Sequence[WorkEvent]) -> None:
+        """The driver's batch callback: its raw events, taken under the lock."""
+        with self._lock:
+            self.on_work_events(events)
+
     def on_work_events(self, events: Sequence[WorkEvent]) -> None:
         """The driver's raw events: telemetry, work ownership, completions for the arbiter."""
-        self.telemetry.work_events(events)
-        work_ended, completed = self.requests.work_ended, self._completed
+        self._telemetry.work_events(events)
+        work_ended, completed = self._records.work_ended, self._completed
         for event in events:
             if event.kind == _ENDED and event.reason != _PAUSED:
                 work_ended(event.id)
@@ -153,12 +164,12 @@ class Decisions:
             now = self.now_ms
             uids, self._completed = list(self._completed), {}
             for uid in uids:
-                self._pending.extend(self.arbiter.work_ended(now, uid, EndReason.COMPLETED))
+                self._pending.extend(self._arbiter.work_ended(now, uid, EndReason.COMPLETED))
 
     def sample_devices(self) -> None:
         """Read device health; a changed thermal severity goes to the arbiter."""
-        for device, severity in self.telemetry.sample_devices():
-            self.perform(self.arbiter.set_thermal(self.now_ms, device, severity))
+        for device, severity in self._telemetry.sample_devices():
+            self.perform(self._arbiter.set_thermal(self.now_ms, device, severity))
 
     # Memory pressure and the health sources ----------------------------------------------
 
@@ -170,15 +181,15 @@ class Decisions:
         return self._memory_actions(now_ms)
 
     def _memory_actions(self, now_ms: int) -> list[Action]:
-        level = max(self._memory_signal, self.telemetry.health.memory_pressure())
-        self.telemetry.memory_pressure = level
-        return self.arbiter.set_memory_pressure(now_ms, level)
+        level = max(self._memory_signal, self._telemetry.health.memory_pressure())
+        self._telemetry.memory_pressure = level
+        return self._arbiter.set_memory_pressure(now_ms, level)
 
     def health_read(
         self, state: SourceState, sample: HealthSample | None, error: str | None
     ) -> None:
         """A health source's reading (or its problem): combined, and acted on if it changed."""
-        with self.lock:
+        with self._lock:
             if self.closed:
                 return
             state.sample, state.error, state.read_at_ms = sample, error, self.now_ms
@@ -191,9 +202,9 @@ class Decisions:
         pending, self._pending = self._pending, []
         self.perform(pending)
         self.sample_devices()
-        self.perform(self.arbiter.tick(self.now_ms))
-        self.telemetry.step()
+        self.perform(self._arbiter.tick(self.now_ms))
+        self._telemetry.step()
 
     def next_deadline_ms(self) -> int | None:
         """When the arbiter next has something to do (lock held)."""
-        return self.arbiter.next_deadline_ms()
+        return self._arbiter.next_deadline_ms()
