@@ -1,14 +1,18 @@
-"""Shared fixtures: real throwaway plugin distributions, installed into temp folders."""
+"""Shared fixtures: real throwaway plugin distributions, installed into temp folders; the
+daemons a test starts and the directory their sockets go to."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from helpers.daemon_support import SOCKET_GID, Child, DaemonProcess, Daemons, open_socket_dir
 
 # Each throwaway distribution: (distribution name, entry-point name, module source).
 PLUGIN_SOURCES: dict[str, tuple[str, str, str]] = {
@@ -265,3 +269,59 @@ def _clean_plugin_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     monkeypatch.delenv("NPUMANAGER_CONFIG", raising=False)
+
+
+# Daemons ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    """A fresh directory under /tmp that every test uid may enter, removed afterwards."""
+    directory = open_socket_dir()
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon(socket_dir: Path) -> Iterator[Daemons]:
+    """Start daemons in `socket_dir`: `daemon(*serve_args)` a subprocess, `daemon.on_a_thread(
+    service)` one in this process. At the end of the test the ones still running are stopped,
+    and each subprocess must exit 0."""
+    daemons = Daemons(socket_dir)
+    yield daemons
+    daemons.stop_all()
+
+
+@pytest.fixture
+def model_file(socket_dir: Path) -> Path:
+    """The chain model (`realexec.chain`) in `socket_dir`, readable by every test uid."""
+    from npumanager.vendor_drivers.realexec.chain import chain_model
+
+    path = socket_dir / "chain.onnx"
+    path.write_bytes(chain_model())
+    path.chmod(0o644)
+    return path
+
+
+@pytest.fixture
+def start_onnxruntime(daemon: Daemons) -> Iterator[Callable[..., DaemonProcess]]:
+    """Start `serve --driver onnxruntime` daemons whose socket group lets the test uids in.
+
+    The apps of `helpers.real_daemon.app` are closed first; no daemon may log a traceback.
+    """
+    started: list[DaemonProcess] = []
+    children: list[Child] = []
+
+    def start(*args: str) -> DaemonProcess:
+        process = daemon("--socket-group", str(SOCKET_GID), "--driver", "onnxruntime", *args)
+        process.children = children  # type: ignore[attr-defined]
+        started.append(process)
+        return process
+
+    yield start
+    for child in children:
+        child.close()
+    for process in started:
+        if process.alive:
+            assert process.stop() == 0, process.log()
+        assert "Traceback" not in process.log(), process.log()

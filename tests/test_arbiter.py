@@ -7,14 +7,11 @@ from typing import Any
 
 import pytest
 
+from helpers.arbiter import BG, BG_CLIENT, FG, FG_CLIENT, big, kinds, ranked, small
 from npumanager.core.arbiter.actions import (
-    Action,
-    CanLoad,
-    Complete,
     RelayConfigs,
     RequestKey,
     RequestState,
-    RequestUnload,
     Revoke,
 )
 from npumanager.core.arbiter.arbiter import Arbiter, RequestInfo
@@ -31,10 +28,8 @@ from npumanager.plugins.policies.status_quo import status_quo
 from npumanager.schemas import (
     EndReason,
     Importance,
-    ModelLoadRequest,
     ModelLoadRequestStatus,
     ModelLoadStatus,
-    ModelSize,
     SchedulingConfig,
     ThermalSeverity,
     UnloadReason,
@@ -47,8 +42,6 @@ from npumanager.schemas.limits import (
     UNKNOWN_UID_PRIORITY,
 )
 
-BG, FG = 10_001, 10_002
-BG_CLIENT, FG_CLIENT = 1, 2
 CAN_LOAD_NOW = ModelLoadStatus.CAN_LOAD_NOW
 WAIT = ModelLoadStatus.WAIT_FOR_UNLOAD
 NOT_PRIORITIZED = ModelLoadStatus.NOT_PRIORITIZED
@@ -61,41 +54,8 @@ ORDERING: dict[str, Callable[[], Policy]] = {
 }
 
 
-def big(request_id: int) -> ModelLoadRequest:
-    return ModelLoadRequest(id=request_id, size=ModelSize.GREATER_THAN_2G)
-
-
-def small(request_id: int) -> ModelLoadRequest:
-    return ModelLoadRequest(id=request_id, size=ModelSize.LESS_THAN_1GB)
-
-
 def key(client: int, request_id: int) -> RequestKey:
     return RequestKey(client, request_id)
-
-
-def ranked(policy: Policy, **kwargs: Any) -> Arbiter:
-    """An arbiter where BG is a cached app and FG the foreground one."""
-    arbiter = Arbiter(policy, **kwargs)
-    arbiter.set_importance(0, BG, Importance.CACHED)
-    arbiter.set_importance(0, FG, Importance.FOREGROUND)
-    return arbiter
-
-
-def kinds(actions: list[Action]) -> list[tuple[Any, ...]]:
-    """A compact view: (type, client, request id, status or reason)."""
-    view: list[tuple[Any, ...]] = []
-    for a in actions:
-        if isinstance(a, CanLoad):
-            view.append(("can_load", a.key.client, a.key.request_id, a.status))
-        elif isinstance(a, RequestUnload):
-            view.append(("unload", a.key.client, a.key.request_id, a.reason))
-        elif isinstance(a, Revoke):
-            view.append(("revoke", a.key.client, a.key.request_id, a.reason))
-        elif isinstance(a, Complete):
-            view.append(("complete", a.key.client, a.key.request_id, a.status))
-        else:
-            view.append(("relay", tuple(c.uid for c in a.configs), a.replace_all))
-    return view
 
 
 # ---------------------------------------------------------------- acceptance

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers.arbiter import kinds
 from npumanager.core.arbiter.actions import RequestState
 from npumanager.core.arbiter.arbiter import Arbiter
 from npumanager.core.arbiter.policy import Entry, Policy, build_policy
 from npumanager.schemas import ModelLoadRequest, ModelLoadStatus, PolicyRecord, UnloadReason
 from npumanager.sortedlist import SortedKeys
-from test_arbiter import kinds
 
 
 @settings(max_examples=60, deadline=None)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import stat
@@ -26,7 +25,7 @@ from typing import Any
 import pytest
 
 import npumanager as npu
-from daemon_support import (
+from helpers.daemon_support import (
     BACKGROUND_UID,
     FOREGROUND_UID,
     MANAGEMENT_GID,
@@ -34,14 +33,14 @@ from daemon_support import (
     SOCKET_GID,
     Child,
     DaemonProcess,
-    open_socket_dir,
+    Daemons,
+    daemon_on_a_thread,
     serve_command,
 )
 from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.core.service.service import Service
 from npumanager.daemon.peer import answers
-from npumanager.daemon.server.server import Daemon
-from npumanager.daemon.wire.protocol import FrameReader
+from npumanager.daemon.wire.protocol import FrameReader, Welcome, encode
 from npumanager.schemas import EndReason, ModelLoadRequestStatus, ModelLoadStatus, UnloadReason
 from npumanager.schemas.limits import PROTOCOL_VERSION
 
@@ -56,49 +55,25 @@ COMPLETE = int(ModelLoadRequestStatus.COMPLETE)
 
 
 @pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    directory = open_socket_dir()
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def start(socket_dir: Path) -> Iterator[Callable[..., DaemonProcess]]:
-    daemons: list[DaemonProcess] = []
+def start(daemon: Daemons) -> Iterator[Callable[..., DaemonProcess]]:
+    """Start daemons whose socket group lets the test uids in; their `child` apps are closed
+    first, then the daemons stopped (`daemon`)."""
     children: list[Child] = []
 
     def start_daemon(*args: str) -> DaemonProcess:
-        daemon = DaemonProcess(socket_dir, "--socket-group", str(SOCKET_GID), *args)
-        daemon.children = children  # type: ignore[attr-defined]
-        daemons.append(daemon)
-        return daemon
+        process = daemon("--socket-group", str(SOCKET_GID), *args)
+        process.children = children  # type: ignore[attr-defined]
+        return process
 
     yield start_daemon
     for child in children:
         child.close()
-    for daemon in daemons:
-        if daemon.alive:
-            assert daemon.stop() == 0, daemon.log()
 
 
 def child(daemon: DaemonProcess, uid: int, **kwargs: object) -> Child:
     app = Child(daemon.socket, uid, **kwargs)  # type: ignore[arg-type]
     daemon.children.append(app)  # type: ignore[attr-defined]
     return app
-
-
-@contextlib.contextmanager
-def daemon_on_a_thread(service: Service, path: Path, **options: Any) -> Iterator[Daemon]:
-    """A `Daemon` serving on a thread of this process, so a test can see its service."""
-    daemon = Daemon(service, path, **options)
-    daemon.bind()
-    thread = threading.Thread(target=daemon.serve_forever)
-    thread.start()
-    try:
-        yield daemon
-    finally:
-        daemon.stop()
-        thread.join(20)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -263,11 +238,11 @@ def test_killed_client_frees_its_share_for_the_next(start: Callable[..., DaemonP
 
     killed_at = time.monotonic_ns()
     holder.kill9()
+    # How soon is measured in benchmarks/ipc.py; the expect's timeout only bounds a hang.
     granted = waiter.expect(
         lambda m: m.get("event") == "decision" and m.get("status") == CAN_LOAD_NOW
     )
-    # The figure is measured in benchmarks/ipc.py; this only bounds a hang.
-    assert granted["at_ns"] - killed_at < 5_000_000_000
+    assert granted["at_ns"] > killed_at, "granted once the holder was killed, not before"
     with npu.DaemonClient(daemon.socket) as admin:
         info = admin.info()
     assert all(c["uid"] != BACKGROUND_UID for c in info["clients"])
@@ -687,18 +662,59 @@ def test_daemon_verbs_check_the_socket_and_give_up_after_their_timeout(socket_di
     empty = run_cli("info", "--socket", "")
     assert empty.returncode == 2
     assert "--socket must name the daemon's socket file; got an empty path" in empty.stderr
-    # A socket that accepts and never answers: the verb gives up after --timeout.
+    # A socket that accepts and never answers: the verb gives up, in one line.
     silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     silent.bind(str(socket_dir / "silent.sock"))
     silent.listen(1)
     try:
-        started = time.monotonic()
         result = run_cli("info", "--socket", str(socket_dir / "silent.sock"), "--timeout", "0.5")
         assert result.returncode == 2, result
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-        assert time.monotonic() - started < 20, "it gave up long before the 30 s default"
+        assert "cannot reach the daemon" in result.stderr and "timed out" in result.stderr
     finally:
         silent.close()
+    # A daemon that welcomes the verb and never answers its call: the verb says it gave up
+    # after its --timeout, not the 30 s default.
+    with _mute_daemon(socket_dir / "mute.sock") as mute:
+        result = run_cli("info", "--socket", str(mute), "--timeout", "0.5")
+    assert result.returncode == 2, result
+    assert result.stderr.strip().splitlines() == [
+        "npu-manager: error: the daemon did not answer within 0.5 s"
+    ], result.stderr
+
+
+@contextlib.contextmanager
+def _mute_daemon(path: Path) -> Iterator[Path]:
+    """A socket that welcomes one client as a daemon would, then never answers it."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            reader = FrameReader()
+            while not list(reader.feed(connection.recv(65536))):  # its hello
+                pass
+            welcome = Welcome(
+                version=PROTOCOL_VERSION,
+                uid=0,
+                pid=0,
+                gid=0,
+                daemon_pid=os.getpid(),
+                management=True,
+            )
+            connection.sendall(encode(welcome))
+            while connection.recv(65536):  # until the client hangs up
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        thread.join(10)
+        listener.close()
 
 
 def test_an_undeclared_feature_is_one_clean_log_line(start: Callable[..., DaemonProcess]) -> None:

@@ -27,13 +27,14 @@ from typing import Any
 import pytest
 
 import npumanager as npu
-from daemon_support import (
+from helpers.daemon_support import (
+    ATTACKER,
     BACKGROUND_UID,
     FOREGROUND_UID,
     SOCKET_GID,
     Child,
     DaemonProcess,
-    open_socket_dir,
+    Daemons,
     serve_command,
 )
 from npumanager.core.service.service import Service
@@ -46,7 +47,6 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="giving client processes their own uids needs root"
 )
 
-ATTACKER = Path(__file__).with_name("daemon_attacker.py")
 ATTACK_UID = 20021
 GIB = 1 << 30
 MIB = 1 << 20
@@ -107,30 +107,15 @@ def _readline(stream: Any, timeout: float) -> str:
 
 
 @pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    directory = open_socket_dir()
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def serve(socket_dir: Path) -> Iterator[Callable[..., DaemonProcess]]:
+def serve(daemon: Daemons) -> Callable[..., DaemonProcess]:
     """Start daemons (as subprocesses) whose socket group lets the test uids in."""
-    daemons: list[DaemonProcess] = []
 
     def start(
         *args: str, nofile: tuple[int, int] | None = None, cwd: Path | None = None
     ) -> DaemonProcess:
-        daemon = DaemonProcess(
-            socket_dir, "--socket-group", str(SOCKET_GID), *args, nofile=nofile, cwd=cwd
-        )
-        daemons.append(daemon)
-        return daemon
+        return daemon("--socket-group", str(SOCKET_GID), *args, nofile=nofile, cwd=cwd)
 
-    yield start
-    for daemon in daemons:
-        if daemon.alive:
-            assert daemon.stop() == 0, daemon.log()
+    return start
 
 
 @pytest.fixture
@@ -475,11 +460,13 @@ def test_shutdown_takes_a_bounded_time_whatever_the_clients_do(
     serve: Callable[..., DaemonProcess], attackers: list[Attacker]
 ) -> None:
     daemon = serve()
-    attack(attackers, daemon, "no_read", 30, per=400)
+    no_read = attack(attackers, daemon, "no_read", 30, per=400)
     assert admin_info(daemon)["daemon"]["buffered_bytes"] > 0, "replies wait unread"
-    started = time.monotonic()
-    assert daemon.stop(timeout=30) == 0
-    assert time.monotonic() - started < 15, "30 clients that never read held shutdown up"
+    # The daemon hands out its last frames for SHUTDOWN_FLUSH_S in all, then closes: it ends
+    # while all 30 still hold their connections and have read nothing. Waiting for them
+    # would never end; the stop's timeout only bounds that hang.
+    assert daemon.stop(timeout=30) == 0, daemon.log()
+    assert no_read.process.poll() is None, "the clients still hold their connections"
 
 
 # 10. The socket's files ------------------------------------------------------------------
@@ -602,7 +589,7 @@ def test_a_file_only_the_daemon_can_read_named_as_external_data_is_never_read(
 ) -> None:
     """The runtime, given a model's bytes, would resolve `secret.bin` against the daemon's
     working directory and hand its bytes back as the output (x = 0, y = x + c)."""
-    from onnx_builders import WIDTH, external_model
+    from helpers.onnx_builders import WIDTH, external_model
 
     daemon = _real_daemon(socket_dir, serve)
     model = socket_dir / "thief.onnx"
@@ -630,7 +617,7 @@ def test_a_file_only_the_daemon_can_read_named_as_external_data_is_never_read(
 def test_weights_in_constant_nodes_count_against_the_grant(
     socket_dir: Path, serve: Callable[..., DaemonProcess], apps: list[Child]
 ) -> None:
-    from onnx_builders import constant_model
+    from helpers.onnx_builders import constant_model
 
     daemon = _real_daemon(socket_dir, serve)
     model = socket_dir / "constants.onnx"

@@ -7,11 +7,9 @@ have forgotten that connection and every request it made, and must answer a real
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import struct
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import npumanager as npu
-from daemon_support import DaemonProcess, open_socket_dir
+from helpers.daemon_support import DaemonProcess, Daemons
 from npumanager.schemas.limits import PROTOCOL_VERSION
 
 OPS = [
@@ -100,13 +98,10 @@ def _frame(body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + body
 
 
-@pytest.fixture(scope="module")
-def daemon() -> Iterator[DaemonProcess]:
-    directory = open_socket_dir()
-    process = DaemonProcess(directory, "--policy", "budget")
-    yield process
-    assert process.stop() == 0, process.log()
-    shutil.rmtree(directory, ignore_errors=True)
+@pytest.fixture
+def fuzzed(daemon: Daemons) -> DaemonProcess:
+    """The daemon every example of one test sends its bytes to."""
+    return daemon("--policy", "budget")
 
 
 def _send_and_close(path: Path, payload: bytes) -> None:
@@ -146,11 +141,11 @@ def _check_consistent(daemon: DaemonProcess) -> None:
 )
 @given(data=st.binary(max_size=600), after_hello=st.booleans())
 def test_random_bytes_never_hurt_the_daemon(
-    daemon: DaemonProcess, data: bytes, after_hello: bool
+    fuzzed: DaemonProcess, data: bytes, after_hello: bool
 ) -> None:
     prefix = _frame(json.dumps(HELLO).encode()) if after_hello else b""
-    _send_and_close(daemon.socket, prefix + data)
-    _check_consistent(daemon)
+    _send_and_close(fuzzed.socket, prefix + data)
+    _check_consistent(fuzzed)
 
 
 @settings(
@@ -166,8 +161,8 @@ def test_random_bytes_never_hurt_the_daemon(
     after_hello=True,
 )
 def test_random_well_formed_frames_never_hurt_the_daemon(
-    daemon: DaemonProcess, frames: list[dict[str, object]], after_hello: bool
+    fuzzed: DaemonProcess, frames: list[dict[str, object]], after_hello: bool
 ) -> None:
     sequence = ([HELLO] if after_hello else []) + frames
-    _send_and_close(daemon.socket, b"".join(_frame(json.dumps(f).encode()) for f in sequence))
-    _check_consistent(daemon)
+    _send_and_close(fuzzed.socket, b"".join(_frame(json.dumps(f).encode()) for f in sequence))
+    _check_consistent(fuzzed)

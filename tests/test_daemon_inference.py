@@ -1,9 +1,9 @@
 """Real inference through `npu-manager serve --driver onnxruntime`, across real processes.
 
-Every app is a child process with its own uid (tests/daemon_child.py); models go to the
-daemon as descriptors the app opened, tensors through the app's sealed memfd. The test
-process, as root, is the management client that reads `info`, and a raw client for the
-refusals a well-behaved app never provokes.
+Every app is a child process with its own uid (tests/helpers/daemon_child.py); models go
+to the daemon as descriptors the app opened, tensors through the app's sealed memfd. The
+test process, as root, is the management client that reads `info`, and a raw client for
+the refusals a well-behaved app never provokes.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ import os
 import re
 import shutil
 import socket
-import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,135 +26,42 @@ import numpy as np
 import pytest
 
 import npumanager as npu
-from daemon_support import (
-    BACKGROUND_UID,
-    FOREGROUND_UID,
-    SOCKET_GID,
-    Child,
-    DaemonProcess,
-    open_socket_dir,
-)
+from helpers.daemon_support import BACKGROUND_UID, FOREGROUND_UID, SOCKET_GID, Child, DaemonProcess
 from npumanager.daemon.client.shared_memory import sealed_memfd
 from npumanager.daemon.wire import protocol as p
-from npumanager.schemas import ModelLoadStatus
 
 pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="giving client processes their own uids needs root"
 )
 
+from helpers.real_daemon import (  # noqa: E402
+    LONG_ROWS,
+    RawApp,
+    app,
+    apps_in_front,
+    granted,
+    in_process_digest,
+    info,
+    loaded_app,
+    segments_mapped,
+    wait_for,
+)
 from npumanager.vendor_drivers.realexec.chain import chain_model  # noqa: E402
 
 DAEMON_UID = 20060
 """The uid of a daemon that runs unprivileged (it cannot read the apps' private files)."""
 SETPRIV = ("setpriv", "--clear-groups")
-CAN_LOAD_NOW = int(ModelLoadStatus.CAN_LOAD_NOW)
 BIG_SIDE = 6144
 """The weight of a model that takes a second or more to open here (144 MiB)."""
-LONG_ROWS = 120_000
-"""Rows of an inference that runs for a second or more here (123 MB: it fits the children's
-256 MiB segment)."""
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    directory = open_socket_dir()
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-@pytest.fixture
-def model_file(socket_dir: Path) -> Path:
-    path = socket_dir / "chain.onnx"
-    path.write_bytes(chain_model())
-    path.chmod(0o644)
-    return path
-
-
-@pytest.fixture
-def start(socket_dir: Path) -> Iterator[Callable[..., DaemonProcess]]:
-    daemons: list[DaemonProcess] = []
-    children: list[Child] = []
-
-    def start_daemon(*args: str) -> DaemonProcess:
-        daemon = DaemonProcess(
-            socket_dir, "--socket-group", str(SOCKET_GID), "--driver", "onnxruntime", *args
-        )
-        daemon.children = children  # type: ignore[attr-defined]
-        daemons.append(daemon)
-        return daemon
-
-    yield start_daemon
-    for child in children:
-        child.close()
-    for daemon in daemons:
-        if daemon.alive:
-            assert daemon.stop() == 0, daemon.log()
-        assert "Traceback" not in daemon.log(), daemon.log()
-
-
-def app(daemon: DaemonProcess, uid: int) -> Child:
-    child = Child(daemon.socket, uid)
-    daemon.children.append(child)  # type: ignore[attr-defined]
-    assert "ready" in child.hello, child.hello
-    return child
-
-
-def granted(child: Child, request_id: int = 1) -> None:
-    child.ok("request", id=request_id, size=0)
-    assert child.event("decision", request_id)["status"] == CAN_LOAD_NOW
-
-
-def loaded_app(daemon: DaemonProcess, uid: int, model_file: Path) -> Child:
-    child = app(daemon, uid)
-    granted(child)
-    child.ok("real_load", id=1, path=str(model_file))
-    return child
-
-
-def in_process_digest(rows: int, value: float, driver: str = "onnxruntime") -> dict[str, Any]:
-    """The same model and inputs run in process, as the child digests its outputs."""
-    service = npu.Service(driver)
-    try:
-        manager = service.manager(FOREGROUND_UID, uses_feature=True)
-        request = npu.ModelLoadRequest.Builder(1).set_size(0).build()
-        with manager.reserve(request, timeout_s=10) as lease:
-            model = lease.load_model(model=chain_model())
-            x = np.full((rows, 256), value, dtype=np.float32)
-            outputs = model.run({"x": x})
-    finally:
-        service.close()
-    return {
-        "shapes": [list(o.shape) for o in outputs],
-        "dtypes": [str(o.dtype) for o in outputs],
-        "sha256": hashlib.sha256(b"".join(o.tobytes() for o in outputs)).hexdigest(),
-    }
-
-
-def info(daemon: DaemonProcess) -> dict[str, Any]:
-    with npu.DaemonClient(daemon.socket) as client:
-        return client.info()
-
-
-def segments_mapped(daemon: DaemonProcess) -> int:
-    """How many clients' tensor segments the daemon has mapped (from its memory map)."""
-    maps = Path(f"/proc/{daemon.process.pid}/maps").read_text()
-    return len({line.split()[4] for line in maps.splitlines() if "npu-manager-tensors" in line})
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "the condition did not hold in time"
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("driver", ["onnxruntime", "openvino"])
 def test_two_apps_run_real_models_through_one_daemon_with_in_process_outputs(
-    start: Callable[..., DaemonProcess], model_file: Path, driver: str
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path, driver: str
 ) -> None:
     pytest.importorskip(driver)
-    daemon = start("--driver", driver)
+    daemon = start_onnxruntime("--driver", driver)
     foreground = loaded_app(daemon, FOREGROUND_UID, model_file)
     background = loaded_app(daemon, BACKGROUND_UID, model_file)
     background.ok("real_flood", id=1, rows=256)
@@ -208,10 +114,10 @@ def test_a_model_only_the_app_can_read_is_loaded_through_its_descriptor(
 
 
 def test_a_killed_app_frees_its_models_and_memory_and_its_running_work_ends(
-    start: Callable[..., DaemonProcess], socket_dir: Path, model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], socket_dir: Path, model_file: Path
 ) -> None:
     events = socket_dir / "events.jsonl"
-    daemon = start("--sink", f"jsonl:path={events},debounce_duration_ms=10")
+    daemon = start_onnxruntime("--sink", f"jsonl:path={events},debounce_duration_ms=10")
     foreground = loaded_app(daemon, FOREGROUND_UID, model_file)
     background = loaded_app(daemon, BACKGROUND_UID, model_file)
     used_by_one = info(daemon)["devices"][0]["weight_memory_used_bytes"] // 2
@@ -251,9 +157,9 @@ def test_a_killed_app_frees_its_models_and_memory_and_its_running_work_ends(
 
 
 def test_cancel_timeout_and_errors_cross_the_wire_with_their_class(
-    start: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
 ) -> None:
-    daemon = start()
+    daemon = start_onnxruntime()
     child = loaded_app(daemon, FOREGROUND_UID, model_file)
     work_id = child.ok("real_submit", id=1, rows=LONG_ROWS)
     assert child.ok("real_cancel", work_id=work_id) == {"cancel": True, "cancelled": True}
@@ -264,51 +170,6 @@ def test_cancel_timeout_and_errors_cross_the_wire_with_their_class(
     assert wrong["error"] == "IllegalArgumentError" and "x: float32[?, 256]" in wrong["message"]
     wait_for(lambda: info(daemon)["devices"][0]["running"] == 0)
     assert child.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
-
-
-class RawApp:
-    """The test process as a client that also sends frames a real app never would."""
-
-    def __init__(self, daemon: DaemonProcess, shared_bytes: int = 1 << 20) -> None:
-        self.client = npu.DaemonClient(daemon.socket, uses_feature=True, shared_bytes=shared_bytes)
-        self.manager = self.client.manager()
-
-    def granted_model(
-        self, model_file: Path | None = None, request_id: int = 1, *, model: bytes | None = None
-    ) -> npu.LoadedModel:
-        """A model loaded under a new granted request: a file by path, or bytes."""
-        request = npu.ModelLoadRequest.Builder(request_id).set_size(0).build()
-        lease = self.manager.reserve(request, timeout_s=10)
-        lease.__enter__()
-        if model is not None:
-            return lease.load_model(model=model)
-        return lease.load_model(path=str(model_file))
-
-    def infer(self, model: int, inputs: list[dict[str, Any]], out: tuple[int, int]) -> Any:
-        segment = self.client._inference.segment()
-        assert segment.size > 0
-        tensors = [p.Tensor.model_validate(t) for t in inputs]
-        return self.client.call(
-            p.Infer, model=model, inputs=tensors, out=p.Span(offset=out[0], size=out[1])
-        )
-
-    def raw_infer(self, body: dict[str, Any]) -> Any:
-        """An infer frame as given (it may be one pydantic would not build)."""
-        seq = self.client.next_seq()
-        frame = json.dumps({"op": "infer", "seq": seq, **body}).encode()
-        with pytest.raises(npu.NpuManagerError) as caught:
-            pending = self.client._pending
-            from npumanager.daemon.client.wire import _Pending
-
-            pending[seq] = waiting = _Pending()
-            self.client._sock.sendall(struct.pack(">I", len(frame)) + frame)
-            assert waiting.wait(10)
-            if waiting.error is not None:
-                raise waiting.error
-        return caught.value
-
-    def close(self) -> None:
-        self.client.close()
 
 
 def x_tensor(offset: int = 0, rows: int = 4, nbytes: int | None = None) -> dict[str, Any]:
@@ -335,13 +196,13 @@ def x_tensor(offset: int = 0, rows: int = 4, nbytes: int | None = None) -> dict[
     ids=["offset", "lying-bytes", "lying-shape", "misaligned", "out-region", "twice", "name"],
 )
 def test_tensor_frames_out_of_bounds_or_lying_are_refused_and_the_connection_stays(
-    start: Callable[..., DaemonProcess],
+    start_onnxruntime: Callable[..., DaemonProcess],
     model_file: Path,
     inputs: list[dict[str, Any]],
     out: tuple[int, int],
     error: str,
 ) -> None:
-    daemon = start()
+    daemon = start_onnxruntime()
     raw = RawApp(daemon)
     try:
         model = raw.granted_model(model_file)
@@ -355,9 +216,9 @@ def test_tensor_frames_out_of_bounds_or_lying_are_refused_and_the_connection_sta
 
 
 def test_malformed_tensor_frames_get_an_error_reply(
-    start: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
 ) -> None:
-    daemon = start()
+    daemon = start_onnxruntime()
     raw = RawApp(daemon)
     try:
         model = raw.granted_model(model_file)
@@ -380,9 +241,9 @@ def send_with_descriptor(
 
 
 def test_segments_and_descriptors_that_are_not_what_they_claim_are_refused(
-    start: Callable[..., DaemonProcess], model_file: Path, socket_dir: Path
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path, socket_dir: Path
 ) -> None:
-    daemon = start("--max-shared-mib", "4", "--driver-option", "capacity_bytes=1048576")
+    daemon = start_onnxruntime("--max-shared-mib", "4", "--driver-option", "capacity_bytes=1048576")
     raw = RawApp(daemon, shared_bytes=8 << 20)
     try:
         with pytest.raises(npu.CapacityError, match=r"1\.\.4194304 bytes"):
@@ -429,9 +290,9 @@ def test_segments_and_descriptors_that_are_not_what_they_claim_are_refused(
 
 
 def test_descriptors_sent_ahead_past_the_limit_close_only_that_connection(
-    start: Callable[..., DaemonProcess],
+    start_onnxruntime: Callable[..., DaemonProcess],
 ) -> None:
-    daemon = start()
+    daemon = start_onnxruntime()
     before = daemon.open_descriptors()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(str(daemon.socket))
@@ -454,9 +315,9 @@ def test_descriptors_sent_ahead_past_the_limit_close_only_that_connection(
 
 
 def test_a_client_of_the_old_protocol_gets_a_clear_error(
-    start: Callable[..., DaemonProcess],
+    start_onnxruntime: Callable[..., DaemonProcess],
 ) -> None:
-    daemon = start()
+    daemon = start_onnxruntime()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(str(daemon.socket))
     sock.sendall(p.encode(p.Hello(version=1)))
@@ -492,9 +353,9 @@ def model_onnx(model_file: Path) -> Path:
 
 
 def test_the_app_guides_daemon_inference_example_runs_against_a_real_daemon(
-    start: Callable[..., DaemonProcess], model_onnx: Path
+    start_onnxruntime: Callable[..., DaemonProcess], model_onnx: Path
 ) -> None:
-    daemon = start()
+    daemon = start_onnxruntime()
     code = guide_block("## Real inference through the daemon")
     code += "\nassert y.shape == z.shape == (8, 256) and (y == z).all()\n"
     done = subprocess.run(
@@ -534,9 +395,9 @@ def test_the_two_process_example_prints_every_figure() -> None:
 
 
 def test_inferences_in_flight_past_the_limit_are_refused_and_others_carry_on(
-    start: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
 ) -> None:
-    daemon = start("--max-inferences-per-connection", "2")
+    daemon = start_onnxruntime("--max-inferences-per-connection", "2")
     flood = loaded_app(daemon, BACKGROUND_UID, model_file)
     other = loaded_app(daemon, FOREGROUND_UID, model_file)
     first = flood.ok("real_submit", id=1, rows=40_000)
@@ -569,11 +430,11 @@ def big_model(path: Path, side: int = BIG_SIDE) -> None:
 
 
 def test_a_slow_model_load_does_not_hold_up_the_other_clients(
-    start: Callable[..., DaemonProcess], socket_dir: Path, model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], socket_dir: Path, model_file: Path
 ) -> None:
     big = socket_dir / "big.onnx"
     big_model(big)
-    daemon = start()
+    daemon = start_onnxruntime()
     loader = app(daemon, BACKGROUND_UID)
     other = loaded_app(daemon, FOREGROUND_UID, model_file)
     granted(loader)
@@ -588,24 +449,6 @@ def test_a_slow_model_load_does_not_hold_up_the_other_clients(
     assert reply["result"]["weight_bytes"] == BIG_SIDE * BIG_SIDE * 4
 
 
-def in_front(daemon: DaemonProcess) -> None:
-    """Say, as the platform would, which app is in the foreground and which is cached."""
-    with npu.DaemonClient(daemon.socket) as admin:
-        admin.set_uid_importance(FOREGROUND_UID, npu.IMPORTANCE_FOREGROUND)
-        admin.set_uid_importance(BACKGROUND_UID, npu.IMPORTANCE_CACHED)
-
-
-def apps_in_front(
-    start: Callable[..., DaemonProcess], model_file: Path
-) -> tuple[DaemonProcess, Child, Child]:
-    """A daemon, its foreground app and its cached app (`in_front`), each with the model."""
-    daemon = start()
-    in_front(daemon)
-    foreground = loaded_app(daemon, FOREGROUND_UID, model_file)
-    background = loaded_app(daemon, BACKGROUND_UID, model_file)
-    return daemon, foreground, background
-
-
 def submitted(child: Child, **fields: Any) -> Any:
     """An inference through the connection (`submit`, not the lane) and its digest."""
     work_id = child.ok("real_submit", id=1, **fields)
@@ -613,9 +456,9 @@ def submitted(child: Child, **fields: Any) -> Any:
 
 
 def test_foreground_inferences_run_on_the_loops_thread_and_background_ones_on_workers(
-    start: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
 ) -> None:
-    daemon, foreground, background = apps_in_front(start, model_file)
+    daemon, foreground, background = apps_in_front(start_onnxruntime, model_file)
     for _ in range(3):
         assert submitted(foreground, rows=4, value=0.5) == in_process_digest(4, 0.5)
     counted = info(daemon)["daemon"]
@@ -628,9 +471,9 @@ def test_foreground_inferences_run_on_the_loops_thread_and_background_ones_on_wo
 
 
 def test_while_the_loops_thread_runs_a_long_inference_the_standby_serves_the_others(
-    start: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
 ) -> None:
-    daemon, foreground, other = apps_in_front(start, model_file)
+    daemon, foreground, other = apps_in_front(start_onnxruntime, model_file)
     work_id = foreground.ok("real_submit", id=1, rows=LONG_ROWS)
     wait_for(lambda: any(d["running"] for d in info(daemon)["devices"]))
     assert info(daemon)["daemon"]["inferences_inline"] == 1, "the long one runs on it"
@@ -641,9 +484,9 @@ def test_while_the_loops_thread_runs_a_long_inference_the_standby_serves_the_oth
 
 
 def test_a_model_with_external_data_loads_by_path_with_its_weights_file_sent_along(
-    start: Callable[..., DaemonProcess], socket_dir: Path
+    start_onnxruntime: Callable[..., DaemonProcess], socket_dir: Path
 ) -> None:
-    from onnx_builders import WIDTH, save_external, values
+    from helpers.onnx_builders import WIDTH, save_external, values
 
     weights = values(start=11)
     folder = socket_dir / "model"
@@ -651,7 +494,7 @@ def test_a_model_with_external_data_loads_by_path_with_its_weights_file_sent_alo
     path = save_external(folder, weights)
     for file in folder.iterdir():
         file.chmod(0o644)
-    daemon = start()
+    daemon = start_onnxruntime()
     child = app(daemon, FOREGROUND_UID)
     granted(child)
     assert child.ok("real_load", id=1, path=str(path))["weight_bytes"] == weights.nbytes

@@ -1,8 +1,8 @@
 """Inference lanes: `LoadedModel.run` on a socket and a daemon thread of the connection's own.
 
-Apps are child processes with their own uids (tests/daemon_child.py); the test process, as
-root, is also a raw client that opens a lane by hand and sends frames a real app never
-would.
+Apps are child processes with their own uids (tests/helpers/daemon_child.py); the test
+process, as root, is also a raw client that opens a lane by hand and sends frames a real
+app never would.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import npumanager as npu
-import test_daemon_inference as inference
-from daemon_support import FOREGROUND_UID, DaemonProcess
+from helpers.daemon_support import FOREGROUND_UID, DaemonProcess
 from npumanager.daemon.client import inference as remote_inference
 from npumanager.daemon.client import lane as client_lane
 from npumanager.daemon.server.lane import REFUSAL_PAUSE_S
@@ -40,7 +39,13 @@ from npumanager.daemon.wire.lane import (
     encode_request,
 )
 from npumanager.vendor_drivers.realexec.chain import chain_model
-from test_daemon_inference import (
+
+pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="giving client processes their own uids needs root"
+)
+
+from helpers.real_daemon import (  # noqa: E402
     LONG_ROWS,
     RawApp,
     apps_in_front,
@@ -48,13 +53,6 @@ from test_daemon_inference import (
     info,
     segments_mapped,
     wait_for,
-)
-
-socket_dir, model_file, start = inference.socket_dir, inference.model_file, inference.start
-"""The daemon inference tests' fixtures."""
-
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0, reason="giving client processes their own uids needs root"
 )
 
 
@@ -71,9 +69,9 @@ def counters(daemon: DaemonProcess) -> dict[str, int]:
 
 
 def test_a_run_goes_over_the_lane_on_its_thread_or_the_workers_by_the_apps_band(
-    start: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
 ) -> None:
-    daemon, foreground, background = apps_in_front(start, model_file)
+    daemon, foreground, background = apps_in_front(start_onnxruntime, model_file)
     before = counters(daemon)
     for _ in range(3):
         assert foreground.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
@@ -119,9 +117,9 @@ def x_ref(offset: int = 0, rows: int = 4, nbytes: int | None = None) -> TensorRe
 
 @pytest.fixture
 def raw_lane(
-    start: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
 ) -> tuple[DaemonProcess, RawApp, RawLane, npu.LoadedModel]:
-    daemon = start()
+    daemon = start_onnxruntime()
     raw = RawApp(daemon)
     model = raw.granted_model(model_file)
     lane = RawLane(raw)
@@ -190,9 +188,9 @@ def test_lane_frames_malformed_out_of_bounds_or_lying_are_refused_and_the_lane_g
 
 
 def test_open_lane_takes_one_seqpacket_socket_of_the_clients_own_uid_once(
-    start: Callable[..., DaemonProcess],
+    start_onnxruntime: Callable[..., DaemonProcess],
 ) -> None:
-    daemon = start()
+    daemon = start_onnxruntime()
     raw = RawApp(daemon)
     try:
         call = raw.client.call
@@ -259,9 +257,9 @@ def foreign_lane_end(uid: int) -> socket.socket:
 
 
 def test_a_client_killed_during_a_run_on_its_lane_frees_everything_and_others_carry_on(
-    start: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
 ) -> None:
-    daemon, victim, other = apps_in_front(start, model_file)
+    daemon, victim, other = apps_in_front(start_onnxruntime, model_file)
     used_by_one = info(daemon)["devices"][0]["weight_memory_used_bytes"] // 2
     threads = len(os.listdir(f"/proc/{daemon.process.pid}/task"))
     assert victim.process.stdin is not None
@@ -286,9 +284,9 @@ def test_a_client_killed_during_a_run_on_its_lane_frees_everything_and_others_ca
 
 
 def test_two_callers_at_once_a_taken_lane_or_a_connection_with_one_already_still_run(
-    start: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
 ) -> None:
-    daemon = start()
+    daemon = start_onnxruntime()
     raw = RawApp(daemon)
     x = np.full((4, 256), 0.25, np.float32)
     expected = npu_in_process_run(x)
@@ -360,9 +358,9 @@ def onnx_bytes(graph: Any) -> bytes:
 
 
 def test_outputs_larger_than_the_room_given_are_fetched_and_the_room_learnt(
-    start: Callable[..., DaemonProcess],
+    start_onnxruntime: Callable[..., DaemonProcess],
 ) -> None:
-    daemon = start()
+    daemon = start_onnxruntime()
     raw = RawApp(daemon)
     try:
         model = raw.granted_model(model=doubling_model())
@@ -399,9 +397,9 @@ def summing_inputs_model(count: int, name_length: int) -> tuple[bytes, list[str]
 
 
 def test_a_run_whose_frame_is_over_the_lanes_limit_takes_the_connection(
-    start: Callable[..., DaemonProcess],
+    start_onnxruntime: Callable[..., DaemonProcess],
 ) -> None:
-    daemon = start()
+    daemon = start_onnxruntime()
     raw = RawApp(daemon)
     try:
         data, names = summing_inputs_model(300, 250)  # about 80 KiB of tensor descriptions
@@ -448,9 +446,9 @@ def row_sums_model() -> bytes:
 
 
 def test_a_shared_array_is_read_in_place_and_its_room_comes_back_when_it_is_collected(
-    start: Callable[..., DaemonProcess],
+    start_onnxruntime: Callable[..., DaemonProcess],
 ) -> None:
-    daemon = start()
+    daemon = start_onnxruntime()
     raw = RawApp(daemon, shared_bytes=8 << 20)
     try:
         model = raw.granted_model(model=row_sums_model())
@@ -473,9 +471,9 @@ def test_a_shared_array_is_read_in_place_and_its_room_comes_back_when_it_is_coll
 
 
 def test_the_shared_arrays_of_a_submitted_inference_are_kept_until_it_ends(
-    start: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
 ) -> None:
-    daemon = start("--driver-option", "channels=1")
+    daemon = start_onnxruntime("--driver-option", "channels=1")
     raw = RawApp(daemon, shared_bytes=256 << 20)
     try:
         model = raw.granted_model(model_file)
@@ -496,9 +494,9 @@ def test_the_shared_arrays_of_a_submitted_inference_are_kept_until_it_ends(
 
 
 def test_a_run_on_the_lane_when_the_daemon_dies_raises_daemon_unavailable(
-    start: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
 ) -> None:
-    daemon = start()
+    daemon = start_onnxruntime()
     raw = RawApp(daemon, shared_bytes=256 << 20)
     try:
         model = raw.granted_model(model_file)
@@ -524,7 +522,7 @@ def test_a_run_on_the_lane_when_the_daemon_dies_raises_daemon_unavailable(
 
 
 def test_runs_like_the_last_reuse_its_frames_yet_each_reads_its_own_inputs(
-    start: Callable[..., DaemonProcess], monkeypatch: pytest.MonkeyPatch
+    start_onnxruntime: Callable[..., DaemonProcess], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The client makes and reads a lane frame once for runs like the last, and the daemon
     takes a frame byte for byte its last as that request again: every run still reads its
@@ -536,7 +534,7 @@ def test_runs_like_the_last_reuse_its_frames_yet_each_reads_its_own_inputs(
         remote_inference, "encode_request", lambda *a, **k: made.append(1) or encode(*a, **k)
     )
     monkeypatch.setattr(client_lane, "decode_reply", lambda *a: read.append(1) or decode(*a))
-    daemon = start()
+    daemon = start_onnxruntime()
     raw = RawApp(daemon)
     try:
         model = raw.granted_model(model=doubling_model())

@@ -10,21 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import npumanager as npu
-from daemon_support import SOCKET_GID, DaemonProcess, open_socket_dir
+from helpers.daemon_support import LOAD_WORKER, SOCKET_GID, DaemonProcess, Daemons
 
-WORKER = Path(__file__).with_name("daemon_load.py")
 PROCESSES = 8
 CLIENTS_PER_PROCESS = 25
 CYCLES = int(os.environ.get("NPUMANAGER_LOAD_CYCLES", "500"))
@@ -38,22 +33,6 @@ IMPORTANCES = [
 COMMITTED = ("granted", "loaded", "unloading")
 RSS_SLACK_KIB = 8 << 10
 """Resident growth allowed after the warm-up fifth of the run (allocator noise)."""
-
-
-@pytest.fixture
-def daemon() -> Iterator[DaemonProcess]:
-    directory = open_socket_dir()
-    process = DaemonProcess(
-        directory,
-        "--policy", "budget",
-        "--max-budget", str(MAX_BUDGET),
-        "--socket-group", str(SOCKET_GID),
-        "--unload-grace-ms", "600000",
-        "--log-level", "warning",
-    )  # fmt: skip
-    yield process
-    assert process.stop() == 0, process.log()
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 class Monitor(threading.Thread):
@@ -84,7 +63,7 @@ def start_worker(socket_path: Path, uid: int, seed: int) -> subprocess.Popen[str
     """One worker process of CLIENTS_PER_PROCESS connections, dropping to `uid`."""
     arguments = [socket_path, uid, SOCKET_GID, CLIENTS_PER_PROCESS, CYCLES, seed]
     return subprocess.Popen(
-        [sys.executable, str(WORKER), *map(str, arguments)],
+        [sys.executable, str(LOAD_WORKER), *map(str, arguments)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -105,19 +84,26 @@ def max_overlap(intervals: list[tuple[int, int, int]]) -> int:
     return peak
 
 
-def test_two_hundred_clients_hundred_thousand_cycles(daemon: DaemonProcess) -> None:
+def test_two_hundred_clients_hundred_thousand_cycles(daemon: Daemons) -> None:
+    served = daemon(
+        "--policy", "budget",
+        "--max-budget", str(MAX_BUDGET),
+        "--socket-group", str(SOCKET_GID),
+        "--unload-grace-ms", "600000",
+        "--log-level", "warning",
+    )  # fmt: skip
     uids = [21000 + i for i in range(PROCESSES)]
-    with npu.DaemonClient(daemon.socket) as admin:
+    with npu.DaemonClient(served.socket) as admin:
         for i, uid in enumerate(uids):
             admin.set_uid_importance(uid, IMPORTANCES[i % len(IMPORTANCES)])
-    workers = [start_worker(daemon.socket, uid, seed) for seed, uid in enumerate(uids)]
+    workers = [start_worker(served.socket, uid, seed) for seed, uid in enumerate(uids)]
     for worker in workers:
         assert worker.stdout is not None
         assert json.loads(worker.stdout.readline()) == {"connected": CLIENTS_PER_PROCESS}
-    with npu.DaemonClient(daemon.socket) as admin:
+    with npu.DaemonClient(served.socket) as admin:
         assert admin.info()["daemon"]["connections"] == PROCESSES * CLIENTS_PER_PROCESS + 1
 
-    monitor = Monitor(daemon)
+    monitor = Monitor(served)
     monitor.start()
     started = time.monotonic()
     for worker in workers:
@@ -144,7 +130,7 @@ def test_two_hundred_clients_hundred_thousand_cycles(daemon: DaemonProcess) -> N
     waits = sum(s["waits"] for s in summaries)
     assert loads > 0 and waits > 0, "the clients never competed"
 
-    with npu.DaemonClient(daemon.socket) as admin:
+    with npu.DaemonClient(served.socket) as admin:
         info = admin.info()
     assert all(not requests for requests in info["requests"].values())
     assert info["daemon"]["connections"] == 1

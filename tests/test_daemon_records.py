@@ -6,16 +6,11 @@ from __future__ import annotations
 import ast
 import inspect
 import socket
-import threading
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
+from helpers.daemon_support import Daemons
 from npumanager.core.client.manager import LoadedModel, ModelLoadStatusListener, NpuManager
 from npumanager.core.service.service import Service
 from npumanager.daemon.server import calls
-from npumanager.daemon.server.server import Daemon
 from npumanager.daemon.wire.protocol import HELLO, FrameReader, LoadModel, RequestCanLoad, encode
 from npumanager.schemas import ModelLoadRequest
 
@@ -45,21 +40,10 @@ def test_the_calls_use_the_backend_interface_not_the_apps_api() -> None:
     assert {"request_load", "load_model", "submit_work", "cancel_work"} <= on_backend
 
 
-@pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    service = Service("vnpu", "status_quo", clock="real")
-    served = Daemon(service, tmp_path / "npu.sock")
-    served.bind()
-    thread = threading.Thread(target=served.serve_forever)
-    thread.start()
-    yield served
-    served.stop()
-    thread.join(20)
-
-
-def test_a_connection_keeps_only_ids(daemon: Daemon) -> None:
+def test_a_connection_keeps_only_ids(daemon: Daemons) -> None:
+    served = daemon.on_a_thread(Service("vnpu", "status_quo", clock="real"))
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-        client.connect(str(daemon.socket_path))
+        client.connect(str(served.socket_path))
         request = ModelLoadRequest.Builder(7).build()
         client.sendall(
             encode(HELLO)
@@ -69,7 +53,7 @@ def test_a_connection_keeps_only_ids(daemon: Daemon) -> None:
         reader, frames = FrameReader(), []
         while len(frames) < 4:  # welcome, decision, reply, reply
             frames += list(reader.feed(client.recv(65536)))
-        (connection,) = daemon.connections.values()
+        (connection,) = served.connections.values()
         assert connection.requests == {7}
         (handle,) = connection.models
         assert connection.models == {handle: 7}

@@ -205,7 +205,7 @@ def test_the_block_runs(where: str, chain: list[Block], tmp_path: Path) -> None:
     first = chain[0]
     daemon = None
     if first.kind == "beside a daemon":
-        from daemon_support import DaemonProcess
+        from helpers.daemon_support import DaemonProcess
 
         daemon = DaemonProcess(tmp_path, *shlex.split(first.reason))
         env["NPUMANAGER_SOCKET"] = str(daemon.socket)

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import npumanager as npu
-from daemon_support import DaemonProcess, open_socket_dir
+from helpers.daemon_support import DaemonProcess, open_socket_dir
 
 SCRIPT = str(Path(sys.executable).with_name("npu-manager"))
 TESTS = Path(__file__).resolve().parent
@@ -220,7 +220,7 @@ def test_plugins_shows_broken_and_empty_entry_points_with_why(tmp_path: Path) ->
 
 def test_vts_says_what_it_expected_beside_what_it_observed(tmp_path: Path) -> None:
     distribution(tmp_path, "npu-mutants", "mutants", "npu_mutants_plugin",
-                 "from mutant_drivers import npumanager_register_drivers\n")  # fmt: skip
+                 "from helpers.mutant_drivers import npumanager_register_drivers\n")  # fmt: skip
     driver = "mutant-all-on-device-zero-virtual"  # a 3-device driver reporting device 0 only
     result = console("vts", "--driver", driver, "--json", env=with_path(tmp_path, TESTS))
     assert result.returncode == 1, result.stdout + result.stderr

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import health_trees as tree
+from helpers import health_trees as tree
 from npumanager.cli.program import main
 from npumanager.cli.serve import health_specs
 from npumanager.core.plugins.registry import load_plugins

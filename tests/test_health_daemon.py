@@ -5,32 +5,22 @@ own uid) to unload with reason THERMAL; `info` shows the readings and their sour
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-import health_trees as tree
 import npumanager as npu
-from daemon_support import (
+from helpers import health_trees as tree
+from helpers.daemon_support import (
     BACKGROUND_UID,
     FOREGROUND_UID,
     SOCKET_GID,
     Child,
     DaemonProcess,
-    open_socket_dir,
 )
 from npumanager.schemas import ModelLoadStatus, UnloadReason
 
 GIB = 1 << 30
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    directory = open_socket_dir()
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving client processes their own uids needs root")

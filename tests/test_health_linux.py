@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import health_trees as tree
+from helpers import health_trees as tree
 from npumanager.errors import IllegalArgumentError
 from npumanager.plugins.health import psi
 from npumanager.plugins.health.linux import LinuxHealth, options_of

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-import health_trees as tree
 import npumanager as npu
+from helpers import health_trees as tree
 from npumanager.core.plugins.health import HealthBoard
 from npumanager.core.service.service import Service
 from npumanager.errors import IllegalArgumentError, UnknownPluginError

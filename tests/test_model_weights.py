@@ -20,11 +20,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import npumanager as npu  # noqa: E402
-from npumanager.errors import CapacityError, IllegalArgumentError  # noqa: E402
-from npumanager.modelfiles import open_model_files, sidecar_key  # noqa: E402
-from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver  # noqa: E402
-from npumanager.vendor_drivers.realexec.onnx_weights import count  # noqa: E402
-from onnx_builders import (  # noqa: E402
+from helpers.onnx_builders import (  # noqa: E402
     WIDTH,
     constant_floats_model,
     constant_model,
@@ -38,6 +34,10 @@ from onnx_builders import (  # noqa: E402
     subgraph_model,
     values,
 )
+from npumanager.errors import CapacityError, IllegalArgumentError  # noqa: E402
+from npumanager.modelfiles import open_model_files, sidecar_key  # noqa: E402
+from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver  # noqa: E402
+from npumanager.vendor_drivers.realexec.onnx_weights import count  # noqa: E402
 
 ROW = np.zeros((1, WIDTH), np.float32)
 INT64_BYTES = 16

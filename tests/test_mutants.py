@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-import mutant_drivers
-from mutant_drivers import MUTANTS, REAL, VIRTUAL, MutantDriver, on_wall_clock, records
+from helpers import mutant_drivers
+from helpers.mutant_drivers import MUTANTS, REAL, VIRTUAL, MutantDriver, on_wall_clock, records
 from npumanager.core.plugins.registry import PluginRegistry, PluginSource
 from npumanager.schemas import DriverCapability
 from npumanager.schemas.limits import VTS_SEED

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from helpers.arbiter import kinds
 from npumanager import PluginKind, load_plugins
 from npumanager.core.arbiter.actions import CanLoad, RequestState
 from npumanager.core.arbiter.arbiter import Arbiter
@@ -30,7 +31,6 @@ from npumanager.schemas import (
     UnloadReason,
 )
 from npumanager.schemas.limits import DEFAULT_BUDGET_WEIGHTS, DEFAULT_MAX_BUDGET
-from test_arbiter import kinds
 
 CAN_LOAD_NOW = ModelLoadStatus.CAN_LOAD_NOW
 WAIT = ModelLoadStatus.WAIT_FOR_UNLOAD

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from helpers.arbiter import kinds
 from npumanager.core.arbiter.actions import CanLoad, RelayConfigs, RequestKey, RequestState
 from npumanager.core.arbiter.arbiter import Arbiter
 from npumanager.plugins.policies.budget import budget
@@ -22,7 +23,6 @@ from npumanager.schemas import (
     UnloadReason,
 )
 from npumanager.schemas.limits import GIB, NOMINAL_MODEL_BYTES
-from test_arbiter import kinds
 
 CAN_LOAD_NOW = ModelLoadStatus.CAN_LOAD_NOW
 WAIT = ModelLoadStatus.WAIT_FOR_UNLOAD

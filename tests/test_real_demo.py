@@ -3,13 +3,13 @@ direct and managed, through the installed console script as a user runs it."""
 
 from __future__ import annotations
 
-import itertools
 import json
+import math
 import os
 import subprocess
 import sys
 import threading
-import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ import pytest
 
 from npumanager.cli.program import main
 from npumanager.errors import UnknownModelError
+from npumanager.simulation import real_apps
 from npumanager.simulation.real_apps import AppScore, Runner, play
 from npumanager.simulation.real_demo import metrics
 from npumanager.simulation.scenario import load_scenario, parse_scenario, shipped_scenarios
@@ -174,12 +175,52 @@ def _play_for(app: Any, runner: Runner, seconds: float) -> AppScore:
     return score
 
 
-def test_periodic_work_times_each_inference_against_its_deadline() -> None:
+class VirtualClock(threading.Event):
+    """The apps' clock (`real_apps.time`) and their stop event, in virtual time: a wait
+    moves the clock on by its timeout, `sleep` by its seconds; the run stops once the
+    clock reaches `until`."""
+
+    def __init__(self, until: float = math.inf) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.until = until
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self.is_set():
+            assert timeout is not None, "an app waited for ever"
+            self.now += timeout
+            if self.now >= self.until:
+                self.set()
+        return self.is_set()
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Callable[..., VirtualClock]:
+    """A `VirtualClock` the apps of `real_apps` run on."""
+
+    def virtual(until: float = math.inf) -> VirtualClock:
+        virtual_clock = VirtualClock(until)
+        monkeypatch.setattr(real_apps, "time", virtual_clock)
+        return virtual_clock
+
+    return virtual
+
+
+def test_periodic_work_times_each_inference_against_its_deadline(
+    clock: Callable[..., VirtualClock],
+) -> None:
     slow = iter([0.0, 0.2] + [0.0] * 1000)
     app = _app("periodic", period_ms=10, cost_us=1, deadline_ms=20)
-    score = _play_for(app, Runner(lambda: time.sleep(next(slow)), Done), 0.3)
+    stop, score = clock(until=0.3), AppScore()
+    play(app, Runner(lambda: stop.sleep(next(slow)), Done), stop, score)
     assert score.done == len(score.latencies_ms) >= 2
-    assert score.latencies_ms[1] >= 200
+    assert score.latencies_ms[1] == pytest.approx(200)
     assert score.misses == sum(1 for ms in score.latencies_ms if ms > 20) >= 1
 
 
@@ -198,12 +239,12 @@ def test_a_loop_keeps_burst_inferences_in_flight_and_cancels_them_at_the_end() -
     assert len(left) == 8 and all(f.cancelled() for f in left[5:])
 
 
-def test_bursts_come_every_period() -> None:
-    stop, score, starts = threading.Event(), AppScore(), []
+def test_bursts_come_every_period(clock: Callable[..., VirtualClock]) -> None:
+    stop, score, starts = clock(), AppScore(), []
 
     def submit() -> Done:
         if Done.made % 4 == 0:
-            starts.append(time.perf_counter())
+            starts.append(stop.now)
         if Done.made == 11:
             stop.set()
         return Done()
@@ -211,7 +252,7 @@ def test_bursts_come_every_period() -> None:
     Done.made = 0
     play(_app("burst", burst=4, period_ms=30, cost_us=1), Runner(print, submit), stop, score)
     assert Done.made == 12 and score.done == 8  # the third burst came after the stop
-    assert all(b - a >= 0.03 * 0.99 for a, b in itertools.pairwise(starts))
+    assert starts == pytest.approx([0.0, 0.03, 0.06])
 
 
 def test_an_app_whose_model_is_taken_back_stops_and_says_why() -> None:

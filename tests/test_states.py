@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.arbiter import BG, BG_CLIENT, FG, FG_CLIENT, big, ranked, small
 from npumanager.core.arbiter.actions import RequestState
 from npumanager.core.arbiter.arbiter import Arbiter
 from npumanager.core.arbiter.states import (
@@ -19,7 +20,6 @@ from npumanager.core.arbiter.states import (
 )
 from npumanager.errors import RequestStateError
 from npumanager.plugins.policies.budget import budget
-from test_arbiter import BG, BG_CLIENT, FG, FG_CLIENT, big, ranked, small
 
 S = RequestState
 

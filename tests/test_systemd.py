@@ -13,13 +13,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import npumanager as npu
-from daemon_support import open_socket_dir
 from npumanager.cli.units import NAMES, render
 from npumanager.daemon.peer import answers
 from npumanager.daemon.server.systemd import Notifier, inherited_sockets, notify_address
@@ -30,13 +28,6 @@ needs_activate = pytest.mark.skipif(
     ACTIVATE is None, reason="needs systemd-socket-activate (Debian's systemd package)"
 )
 SERVE = [sys.executable, "-m", "npumanager", "serve", "--log-level", "debug"]
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[Path]:
-    directory = open_socket_dir()
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 class NotifyListener:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -12,12 +13,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from npumanager.daemon.peer import answers
 
+if TYPE_CHECKING:
+    from npumanager.core.service.service import Service
+    from npumanager.daemon.server.server import Daemon
+
+# The scripts a test runs by path, each in a process of its own (they import only
+# npumanager and the standard library).
 CHILD = Path(__file__).with_name("daemon_child.py")
 AS_USER = Path(__file__).with_name("daemon_as_user.py")
+ATTACKER = Path(__file__).with_name("daemon_attacker.py")
+LOAD_WORKER = Path(__file__).with_name("daemon_load.py")
 SOCKET_GID = 20000
 """The group that owns the test daemon's socket; children in it may connect."""
 MANAGEMENT_GID = 20010
@@ -202,3 +211,58 @@ def open_socket_dir(base: str = "/tmp") -> Path:
     directory = Path(tempfile.mkdtemp(prefix="npu-daemon-", dir=base))
     os.chmod(directory, 0o755)
     return directory
+
+
+@contextlib.contextmanager
+def daemon_on_a_thread(service: Service, path: Path, **options: Any) -> Iterator[Daemon]:
+    """A `Daemon` serving on a thread of this process, so a test can see its service."""
+    from npumanager.daemon.server.server import Daemon
+
+    daemon = Daemon(service, path, **options)
+    daemon.bind()
+    thread = threading.Thread(target=daemon.serve_forever)
+    thread.start()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+        thread.join(20)
+
+
+class Daemons:
+    """The daemons one test starts, their sockets in one directory (the `daemon` fixture).
+
+    `daemons(*args)` is `npu-manager serve ARGS...` as a subprocess, `daemons.on_a_thread(
+    service)` a `Daemon` in this process. `stop_all` (at the end of the test) stops the
+    ones still running; a subprocess must then exit 0.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.started: list[DaemonProcess] = []
+        self._on_threads = contextlib.ExitStack()
+
+    def __call__(
+        self,
+        *args: str,
+        nofile: tuple[int, int] | None = None,
+        user: tuple[int, int] | None = None,
+        cwd: Path | None = None,
+    ) -> DaemonProcess:
+        process = DaemonProcess(self.directory, *args, nofile=nofile, user=user, cwd=cwd)
+        self.started.append(process)
+        return process
+
+    def on_a_thread(self, service: Service, **options: Any) -> Daemon:
+        return self._on_threads.enter_context(
+            daemon_on_a_thread(service, self.directory / "npu.sock", **options)
+        )
+
+    def stop_all(self) -> None:
+        self._on_threads.close()
+        failed = [
+            f"exit {code}:\n{process.log()}"
+            for process in self.started
+            if process.alive and (code := process.stop()) != 0
+        ]
+        assert not failed, "\n".join(failed)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mutant_engines import (
+from helpers.mutant_engines import (
     AllOnDeviceZeroEngine,
     AllowsEveryoneEngine,
     CancelQueuedAsSystemEngine,

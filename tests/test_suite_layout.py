@@ -1,0 +1,108 @@
+"""The suite's own layout: test modules share code through `tests/helpers/` and fixtures
+through `tests/conftest.py`, never by importing one another; one `daemon` fixture."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+CONFTEST = TESTS / "conftest.py"
+
+
+def _parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _where(path: Path, node: ast.stmt) -> str:
+    return f"{path.relative_to(TESTS.parent)}:{node.lineno}"
+
+
+def _test_module_imports(tree: ast.Module) -> Iterator[tuple[ast.stmt, str]]:
+    """Each import (anywhere in the module, lazy ones too) of a `test_*` module."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0].startswith("test_"):
+                    yield node, f"import {alias.name}"
+        elif isinstance(node, ast.ImportFrom):
+            if node.module is not None and node.module.split(".")[0].startswith("test_"):
+                names = ", ".join(alias.name for alias in node.names)
+                yield node, f"from {node.module} import {names}"
+            elif node.module is None:  # `from . import test_x`
+                for alias in node.names:
+                    if alias.name.startswith("test_"):
+                        yield node, f"from {'.' * node.level} import {alias.name}"
+
+
+def _is_fixture(decorator: ast.expr) -> bool:
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return (isinstance(target, ast.Attribute) and target.attr == "fixture") or (
+        isinstance(target, ast.Name) and target.id == "fixture"
+    )
+
+
+def _fixtures(tree: ast.Module) -> Iterator[tuple[ast.stmt, str]]:
+    """Each fixture a module defines, by the name tests ask for it (`name=` if given)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for decorator in node.decorator_list:
+                if not _is_fixture(decorator):
+                    continue
+                name = node.name
+                if isinstance(decorator, ast.Call):
+                    for keyword in decorator.keywords:
+                        if keyword.arg == "name" and isinstance(keyword.value, ast.Constant):
+                            name = str(keyword.value.value)
+                yield node, name
+
+
+def _module_level_names(tree: ast.Module) -> Iterator[tuple[ast.stmt, str]]:
+    """Names a module binds at its top level by assignment or import (a fixture taken from
+    another module is bound so: `daemon = other.daemon`, `from other import daemon`)."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        yield node, name.id
+        elif isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                yield node, alias.asname or alias.name
+
+
+def test_no_test_module_imports_another() -> None:
+    found = [
+        f"{_where(path, node)}: {path.stem} does `{statement}`"
+        for path in sorted(TESTS.glob("test_*.py"))
+        for node, statement in _test_module_imports(_parsed(path))
+    ]
+    assert not found, (
+        "a test module imports another test module (share code through tests/helpers/, "
+        "fixtures through tests/conftest.py):\n" + "\n".join(found)
+    )
+
+
+def test_the_daemon_fixture_is_defined_only_in_conftest() -> None:
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        if path == CONFTEST:
+            continue
+        tree = _parsed(path)
+        found += [
+            f"{_where(path, node)}: a fixture named `daemon`"
+            for node, name in _fixtures(tree)
+            if name == "daemon"
+        ]
+        found += [
+            f"{_where(path, node)}: binds the name `daemon` at module level"
+            for node, name in _module_level_names(tree)
+            if name == "daemon"
+        ]
+    assert not found, (
+        "the `daemon` fixture is tests/conftest.py's alone (a factory: `daemon(*serve_args)`, "
+        "`daemon.on_a_thread(service)`):\n" + "\n".join(found)
+    )
+    assert "daemon" in {name for _, name in _fixtures(_parsed(CONFTEST))}, "conftest.py has none"
