@@ -226,7 +226,7 @@ BAD_INPUTS: list[tuple[str, Callable[[Arbiter], object], type[Exception], str]] 
         "duplicate",
         lambda a: a.request(5, BG_CLIENT, BG, small(1)),
         DuplicateRequestError,
-        "client 1 already has a live request with id 1",
+        "request id 1 is already live for this client",
     ),
     ("cancel unknown", lambda a: a.cancel(5, BG_CLIENT, 9), UnknownRequestError, "id 9"),
     (

@@ -634,3 +634,24 @@ def test_weights_in_constant_nodes_count_against_the_grant(
     device = admin_info(daemon)["devices"][0]
     assert (device["models_loaded"], device["weight_memory_used_bytes"]) == (0, 0)
     well_behaved(apps, daemon)
+
+
+def test_models_are_counted_per_uid_across_its_connections_from_the_services_records(
+    serve: Callable[..., DaemonProcess], apps: list[Child]
+) -> None:
+    """Two connections of one uid share its model cap; a model its request gives back
+    (in the service's records) is room again at once."""
+    daemon = serve("--max-models-per-uid", "2")
+    first, second = Child(daemon.socket, FOREGROUND_UID), Child(daemon.socket, FOREGROUND_UID)
+    apps += [first, second]
+    for app in (first, second):
+        app.ok("request", id=1, size=npu.NPU_MODEL_SIZE_LESS_THAN_1GB)
+        assert app.event("decision", 1)["status"] == CAN_LOAD_NOW
+        app.ok("load", id=1, weight_bytes=MIB)
+    refused = first.send("load_more", id=1, weight_bytes=MIB)
+    assert refused.get("error") == "QuotaExceededError", refused
+    assert f"uid {FOREGROUND_UID} holds 2 models through the daemon" in refused["message"]
+    second.ok("unloaded", id=1)
+    second.event("complete", 1)
+    first.ok("load_more", id=1, weight_bytes=MIB)
+    assert admin_info(daemon)["devices"][0]["models_loaded"] == 2

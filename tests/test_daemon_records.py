@@ -1,5 +1,6 @@
 """The daemon keeps one record per request, the service's: its calls go through the
-service's backend interface, and a connection holds only the ids the wire names."""
+service's backend interface, and a connection keeps no record of its own: its requests,
+models and quotas are the service's records of its client."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def test_the_calls_use_the_backend_interface_not_the_apps_api() -> None:
     assert {"request_load", "load_model", "submit_work", "cancel_work"} <= on_backend
 
 
-def test_a_connection_keeps_only_ids(daemon: Daemons) -> None:
+def test_a_connection_keeps_no_record_of_its_own(daemon: Daemons) -> None:
     served = daemon.on_a_thread(Service("vnpu", "status_quo", clock="real"))
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
         client.connect(str(served.socket_path))
@@ -54,7 +55,13 @@ def test_a_connection_keeps_only_ids(daemon: Daemons) -> None:
         while len(frames) < 4:  # welcome, decision, reply, reply
             frames += list(reader.feed(client.recv(65536)))
         (connection,) = served.connections.values()
-        assert connection.requests == {7}
-        (handle,) = connection.models
-        assert connection.models == {handle: 7}
-        assert all(isinstance(v, int) for v in (*connection.requests, *connection.models.values()))
+        assert connection.manager is not None
+        assert served.service.backend.holdings(connection.manager) == (1, 1)
+        assert served.usage.held("requests", connection.peer.uid) == 1
+        assert served.usage.held("models", connection.peer.uid) == 1
+        kept = {
+            name
+            for name, value in vars(connection).items()
+            if value and (isinstance(value, set | dict) and name not in ("events",))
+        }
+        assert kept == set(), kept

@@ -50,6 +50,14 @@ class DriverClosedError(NpuManagerError, RuntimeError):
 class DuplicateRequestError(NpuManagerError, ValueError):
     """A client reused the id of one of its requests that is still live."""
 
+    @classmethod
+    def of(cls, request_id: int) -> DuplicateRequestError:
+        """The error for reusing ``request_id``, worded once for every place that checks."""
+        return cls(
+            f"request id {request_id} is already live for this client; ids may be reused "
+            "only after the request completes"
+        )
+
 
 class UnknownRequestError(NpuManagerError, LookupError):
     """No live request of this client has that id (never made, ended, or someone else's)."""

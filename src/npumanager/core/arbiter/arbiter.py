@@ -112,9 +112,7 @@ class Arbiter:
             check_int("weight_bytes", weight_bytes, 1, INT64_MAX)
         key = RequestKey(client, request.id)
         if key in self._ledger.entries:
-            raise DuplicateRequestError(
-                f"client {client} already has a live request with id {request.id}"
-            )
+            raise DuplicateRequestError.of(request.id)
         self._begin(now_ms)
         self._seq += 1
         entry = Entry(key, uid, request, weight_bytes, self._seq)

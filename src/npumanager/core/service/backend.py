@@ -221,9 +221,14 @@ class LocalBackend:
         """The manager's live request with this id (`UnknownRequestError` otherwise)."""
         return self._state.live_request(manager.client, request_id)
 
-    def loaded_model(self, manager: NpuManager, request_id: int, handle: int) -> LoadedModel:
-        """The model ``handle`` that the manager loaded under a live request."""
-        return self._state.loaded_model(manager.client, request_id, handle)
+    def model_of(self, manager: NpuManager, handle: int) -> LoadedModel:
+        """The model ``handle`` that the manager loaded and holds (`UnknownModelError`
+        otherwise)."""
+        return self._state.model_of(manager.client, handle)
+
+    def holdings(self, manager: NpuManager) -> tuple[int, int]:
+        """How many live requests and loaded models the manager holds."""
+        return self._state.holdings(manager.client)
 
     def _check_feature(self, manager: NpuManager) -> None:
         if manager.uses_feature:

@@ -134,7 +134,7 @@ class Carrying:
             return
         for model in record.models:
             self._driver.unload_model(model.handle)
-        record.models.clear()
+        self._records.drop_models(record)
         self._telemetry.health_changed()
 
     def state_changed(self, key: RequestKey, state: ModelLoadState) -> None:

@@ -8,6 +8,7 @@ the arbiter's. Every method runs under the service lock.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from npumanager.core.arbiter.actions import RequestKey
@@ -15,7 +16,6 @@ from npumanager.core.client.dispatch import SerialQueue, Task
 from npumanager.core.client.manager import Delivery, LoadedModel
 from npumanager.errors import (
     CapacityError,
-    DuplicateRequestError,
     UnknownModelError,
     UnknownRequestError,
     UnknownWorkError,
@@ -37,6 +37,12 @@ class Requests:
 
     def __init__(self) -> None:
         self._records: dict[RequestKey, RequestRecord] = {}
+        self._requests_of: Counter[int] = Counter()
+        """Live requests, by client."""
+        self._models: dict[tuple[int, int], LoadedModel] = {}
+        """Loaded models by (client, handle)."""
+        self._models_of: Counter[int] = Counter()
+        """Loaded models, by client."""
         self._work_models: dict[int, LoadedModel] = {}
         self._to_schedule: list[SerialQueue] = []
 
@@ -56,17 +62,41 @@ class Requests:
         return {key: r.models[0].device for key, r in self._records.items() if r.models}
 
     def add(self, key: RequestKey, record: RequestRecord) -> None:
-        """Keep a new request's record; an id that is live already is a duplicate."""
-        if key in self._records:
-            raise DuplicateRequestError(
-                f"request id {key.request_id} is already live for this client; ids may be "
-                "reused only after the request completes"
-            )
+        """Keep a new request's record (the arbiter has refused a duplicate already)."""
+        assert key not in self._records, key
         self._records[key] = record
+        self._requests_of[key.client] += 1
 
     def remove(self, key: RequestKey) -> None:
-        """Forget a request that ended."""
+        """Forget a request that ended (its models were dropped first)."""
         del self._records[key]
+        _less(self._requests_of, key.client, 1)
+
+    def holdings(self, client: int) -> tuple[int, int]:
+        """How many live requests and loaded models a client holds."""
+        return self._requests_of[client], self._models_of[client]
+
+    def model(self, client: int, handle: int) -> LoadedModel:
+        """A model the client loaded and holds (`UnknownModelError` otherwise)."""
+        model = self._models.get((client, handle))
+        if model is None:
+            raise UnknownModelError(f"model {handle} is not loaded by this client")
+        return model
+
+    def keep_model(self, record: RequestRecord, model: LoadedModel) -> None:
+        """A model was loaded under the request."""
+        record.models.append(model)
+        self._models[(model.manager.client, model.handle)] = model
+        self._models_of[model.manager.client] += 1
+
+    def drop_models(self, record: RequestRecord, *models: LoadedModel) -> None:
+        """Models (all of them when none is named) left the request."""
+        gone = list(models or record.models)
+        for model in gone:
+            record.models.remove(model)
+            del self._models[(model.manager.client, model.handle)]
+        if gone:
+            _less(self._models_of, gone[0].manager.client, len(gone))
 
     def live(self, key: RequestKey, request: ModelLoadRequest) -> RequestRecord:
         """The record of the client's live `request` (`UnknownRequestError` otherwise)."""
@@ -131,3 +161,11 @@ class Requests:
         """The queues that got deliveries since the last call."""
         queues, self._to_schedule = self._to_schedule, []
         return queues
+
+
+def _less(counts: Counter[int], client: int, by: int) -> None:
+    left = counts[client] - by
+    if left > 0:
+        counts[client] = left
+    else:
+        del counts[client]

@@ -27,7 +27,6 @@ from npumanager.errors import (
     IllegalArgumentError,
     NpuPermissionError,
     RequestStateError,
-    UnknownModelError,
     UnknownRequestError,
 )
 from npumanager.schemas import ModelLoadRequest
@@ -175,14 +174,10 @@ class ServiceState(Carrying):
         key = RequestKey(manager.client, request.id)
         with self._lock:
             self.check_open()
+            actions = self._arbiter.request(
+                self.now_ms, manager.client, manager.uid, request, weight_bytes=weight_bytes
+            )
             self._records.add(key, record)
-            try:
-                actions = self._arbiter.request(
-                    self.now_ms, manager.client, manager.uid, request, weight_bytes=weight_bytes
-                )
-            except Exception:
-                self._records.remove(key)
-                raise
             self._telemetry.request_made(manager.uid, key, request, weight_bytes)
             self.perform(actions)
         self.flush()
@@ -236,14 +231,16 @@ class ServiceState(Carrying):
             raise UnknownRequestError(f"request {request_id} is not a live request of this client")
         return record.request
 
-    def loaded_model(self, client: int, request_id: int, handle: int) -> LoadedModel:
-        """The model `handle` that a client loaded under a live request."""
+    def model_of(self, client: int, handle: int) -> LoadedModel:
+        """The model ``handle`` that a client loaded and holds (`UnknownModelError`
+        otherwise)."""
         with self._lock:
-            record = self._records.get(RequestKey(client, request_id))
-            for model in record.models if record is not None else ():
-                if model.handle == handle:
-                    return model
-        raise UnknownModelError(f"model {handle} is not loaded by this client")
+            return self._records.model(client, handle)
+
+    def holdings(self, client: int) -> tuple[int, int]:
+        """How many live requests and loaded models a client holds."""
+        with self._lock:
+            return self._records.holdings(client)
 
     # Models ------------------------------------------------------------------------------
 
@@ -298,14 +295,14 @@ class ServiceState(Carrying):
         with self._lock:
             record = self._records.get(model.request_key)
             if record is not None and model in record.models:
-                record.models.remove(model)
+                self._records.drop_models(record, model)
                 self._driver.unload_model(model.handle)
                 self._telemetry.health_changed()
 
     def _keep(self, record: RequestRecord, handle: int, device: int, weight: int) -> LoadedModel:
         """Record a model just loaded under a request (lock held)."""
         model = LoadedModel(record.manager, record.request, handle, device, weight_bytes=weight)
-        record.models.append(model)
+        self._records.keep_model(record, model)
         self._telemetry.health_changed()
         return model
 

@@ -177,10 +177,7 @@ class DaemonClient(WireClient):
             manager, request, callback, SerialQueue(executor, self._stats), takes_reason(callback)
         )
         if self._remote.setdefault(request.id, remote) is not remote:
-            raise errors.DuplicateRequestError(
-                f"request id {request.id} is already live for this client; ids may be "
-                "reused only after the request completes"
-            )
+            raise errors.DuplicateRequestError.of(request.id)
         try:
             self._call(
                 p.RequestCanLoad,

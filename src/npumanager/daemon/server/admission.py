@@ -34,7 +34,7 @@ class Admission:
             refusal = f"the daemon is at its limit of {self.max_connections} connections"
         else:
             try:
-                self.usage.take("connections", peer.uid, exempt=management)
+                self.usage.take_connection(peer.uid, exempt=management)
             except QuotaExceededError as exc:
                 refusal = str(exc)
         if refusal is None:

@@ -1,8 +1,8 @@
 """What each client call does: the service's backend interface, for one connection.
 
-The service holds the one record of each request and model; a connection keeps only the
-ids it may name on the wire, so a client acts only on what it made. The management calls
-check the kernel's credentials first.
+The service holds the one record of each request and model, by the connection's client
+number, so a client names and acts on only what it made, and the service's checks are
+the only ones. The management calls check the kernel's credentials first.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from npumanager.core.service.service import Service
 from npumanager.daemon.peer import PeerCredentials
 from npumanager.daemon.server.connection import Connection
 from npumanager.daemon.wire import protocol as p
-from npumanager.errors import NpuPermissionError, UnknownModelError, UnknownRequestError
+from npumanager.errors import NpuPermissionError
 from npumanager.schemas import ModelLoadRequest
 
 
@@ -63,16 +63,11 @@ class Calls:
 
     def live(self, connection: Connection, request_id: int) -> ModelLoadRequest:
         """One of the connection's live requests (`UnknownRequestError` otherwise)."""
-        if request_id not in connection.requests:
-            raise UnknownRequestError(f"request {request_id} is not a live request of this client")
         return self.backend.live_request(self.manager_of(connection), request_id)
 
     def model(self, connection: Connection, handle: int) -> LoadedModel:
-        """A model the connection loaded (`UnknownModelError` otherwise)."""
-        request_id = connection.models.get(handle)
-        if request_id is None:
-            raise UnknownModelError(f"model {handle} is not loaded by this client")
-        return self.backend.loaded_model(self.manager_of(connection), request_id, handle)
+        """A model the connection loaded and holds (`UnknownModelError` otherwise)."""
+        return self.backend.model_of(self.manager_of(connection), handle)
 
     def on_request(self, connection: Connection, message: p.RequestCanLoad) -> None:
         manager = self.manager_of(connection)
@@ -83,8 +78,6 @@ class Calls:
         self.backend.request_load(
             manager, request, connection.callback, self._post, message.weight_bytes
         )
-        # Deliveries are posted to this thread, so the request is known before any arrives.
-        connection.add_request(request.id)
 
     def on_cancel(self, connection: Connection, message: p.CancelLoad) -> None:
         request = self.live(connection, message.request_id)
@@ -104,7 +97,6 @@ class Calls:
         model = self.backend.load_model(
             self.manager_of(connection), request, message.weight_bytes, message.sram_bytes
         )
-        connection.add_model(model.handle, request.id)
         return {"model": model.handle, "device": model.device}
 
     def on_submit(self, connection: Connection, message: p.Submit) -> dict[str, Any]:

@@ -77,10 +77,8 @@ class Connection:
         """Held to change the outbox, to write the socket, and to mark the connection closed:
         a worker thread may send a finished inference's frame itself (`send_now`)."""
         self.manager: NpuManager | None = None
-        self.requests: set[int] = set()
-        """The ids of this client's live requests (the service keeps the records)."""
-        self.models: dict[int, int] = {}
-        """The handle of each model this client loaded, and its request's id."""
+        """The client's manager once it said hello; the service keeps the one record of
+        each of its requests and models, by its client number."""
         self.closed = False
         self.events = selectors.EVENT_READ
         """What the loop's selector watches the socket for."""
@@ -107,11 +105,6 @@ class Connection:
     def buffered(self) -> int:
         """Bytes the daemon holds for this client: a partial frame and unsent replies."""
         return self.wire.pending + len(self.outbox)
-
-    @property
-    def holds_nothing(self) -> bool:
-        """No live request and no loaded model."""
-        return not self.requests and not self.models
 
     def send(self, message: p.WireModel) -> None:
         """Queue a message; it leaves at the end of the loop's turn."""
@@ -169,38 +162,13 @@ class Connection:
         if not self.closed:
             self._outlet.queued(self, nbytes)
 
-    def add_request(self, request_id: int) -> None:
-        """Count and remember a live request (`QuotaExceededError` past the uid's cap)."""
-        self.usage.take("requests", self.peer.uid, exempt=self.management)
-        self.requests.add(request_id)
-
-    def add_model(self, handle: int, request_id: int) -> None:
-        """Count and remember a loaded model (`QuotaExceededError` past the uid's cap)."""
-        self.usage.take("models", self.peer.uid, exempt=self.management)
-        self.models[handle] = request_id
-
-    def check_quota(self, resource: Resource) -> None:
-        """`QuotaExceededError` now, before acting, if one more is past the uid's cap."""
-        self.usage.check(resource, self.peer.uid, exempt=self.management)
-
-    def request_ended(self, request_id: int) -> None:
-        """Forget a request that completed, and the models loaded under it."""
-        if request_id in self.requests:
-            self.requests.discard(request_id)
-            self.usage.give_back("requests", self.peer.uid)
-        ended = [handle for handle, owner in self.models.items() if owner == request_id]
-        for handle in ended:
-            del self.models[handle]
-        if ended:
-            self.usage.give_back("models", self.peer.uid, len(ended))
+    def check_quota(self, resource: Resource, *, including: int = 0) -> None:
+        """`QuotaExceededError` now, before acting, if one more is past the uid's cap (or,
+        with ``including``, if what it took already is)."""
+        self.usage.check(resource, self.peer.uid, exempt=self.management, including=including)
 
     def release(self) -> None:
         """Give back everything it holds and its buffers (the connection is closed)."""
-        uid = self.peer.uid
-        self.usage.give_back("requests", uid, len(self.requests))
-        self.usage.give_back("models", uid, len(self.models))
-        self.requests.clear()
-        self.models.clear()
         self.wire.release()
         self.outbox = bytearray()
         self.manager = None
@@ -238,5 +206,4 @@ class RemoteCallback(ModelLoadRequestCallback):
     ) -> None:
         connection = self._connection()
         if connection is not None:
-            connection.request_ended(request.id)
             connection.send_frame(p.complete_frame(request.id, int(status)))

@@ -97,6 +97,7 @@ class FrameHandler:
         connection.manager = self.service.manager(
             peer.uid, pid=peer.pid, uses_feature=hello.uses_feature
         )
+        connection.usage.join(peer.uid, connection.manager)
         connection.send(
             p.Welcome(
                 version=PROTOCOL_VERSION,

@@ -170,7 +170,7 @@ class InferenceCalls:
             connection.send(call_error(seq, outcome, self.stats, "load_real", uid))
             return
         try:
-            connection.add_model(outcome.handle, outcome.request.id)
+            connection.check_quota("models", including=1)
         except QuotaExceededError as exc:
             self.backend.unload_real_model(outcome)
             connection.send(call_error(seq, exc, self.stats, "load_real", uid))

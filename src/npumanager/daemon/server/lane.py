@@ -146,7 +146,6 @@ class Lane:
         self._held: list[np.ndarray] | None = None
         """Outputs of the last inference that did not fit their region, for one fetch."""
         self._seen: Seen | None = None
-        self._known: tuple[int, int | None, LoadedModel] | None = None
         """The model of the last request, by handle and the request it is loaded under."""
         self._wrote: Wrote | None = None
         self._thread = threading.Thread(
@@ -192,7 +191,7 @@ class Lane:
                 else:
                     pause = 0.0
         finally:
-            self._held = self._seen = self._wrote = self._known = None
+            self._held = self._seen = self._wrote = None
             self._sock.close()
 
     def _answer(self, frame: memoryview, flags: int) -> bytes | bytearray:
@@ -253,15 +252,8 @@ class Lane:
         return self._placed(segment, request, outputs, work.work_id)
 
     def _model(self, connection: Connection, handle: int) -> LoadedModel:
-        """The connection's model `handle`, as it was last time while it is loaded under
-        the same request (`submit_inference` checks it is still loaded)."""
-        request_id = connection.models.get(handle)
-        known = self._known
-        if known is not None and request_id is not None and known[:2] == (handle, request_id):
-            return known[2]
-        model = self._calls.model(connection, handle)
-        self._known = (handle, request_id, model)
-        return model
+        """The connection's model ``handle`` (the service's own record of it)."""
+        return self._calls.model(connection, handle)
 
     def _checked(
         self, frame: memoryview, connection: Connection | None

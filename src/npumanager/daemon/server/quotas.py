@@ -2,15 +2,18 @@
 
 A hostile or broken client must not take what other clients need: connections (and so
 descriptors), live requests and loaded models are counted per uid against caps, with
-management uids exempt so an administrator can always get in and look.
+management uids exempt so an administrator can always get in and look. Requests and
+models are the service's records, counted where they are kept: the daemon asks.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from npumanager.core.client.manager import NpuManager
 from npumanager.errors import QuotaExceededError
 from npumanager.schemas.limits import (
     DEFAULT_IDLE_TIMEOUT_S,
@@ -54,40 +57,62 @@ class DaemonLimits:
         return self.max_models_per_uid
 
 
-class UidUsage:
-    """Per-uid counts of connections, live requests and loaded models, against the caps."""
+Holdings = Callable[[NpuManager], tuple[int, int]]
+"""How many live requests and loaded models a manager holds (the service's own count)."""
 
-    def __init__(self, limits: DaemonLimits) -> None:
+
+class UidUsage:
+    """Per-uid connections, and the live requests and loaded models of each uid's
+    connections (counted by the service, which holds the one record of each), against the
+    caps."""
+
+    def __init__(self, limits: DaemonLimits, holdings: Holdings | None = None) -> None:
         self.limits = limits
-        self._held: dict[Resource, Counter[int]] = {
-            "connections": Counter(),
-            "requests": Counter(),
-            "models": Counter(),
-        }
+        self._holdings = holdings or (lambda _: (0, 0))
+        self._connections: Counter[int] = Counter()
+        self._managers: dict[int, set[NpuManager]] = {}
+        """The managers of each uid's connections that said hello."""
+
+    def join(self, uid: int, manager: NpuManager) -> None:
+        """A connection of the uid said hello: what its manager holds counts for the uid."""
+        self._managers.setdefault(uid, set()).add(manager)
+
+    def leave(self, uid: int, manager: NpuManager) -> None:
+        """A connection of the uid closed."""
+        managers = self._managers.get(uid)
+        if managers is not None:
+            managers.discard(manager)
+            if not managers:
+                del self._managers[uid]
 
     def held(self, resource: Resource, uid: int) -> int:
-        """How much of `resource` the uid holds now."""
-        return self._held[resource][uid]
+        """How much of ``resource`` the uid holds now."""
+        if resource == "connections":
+            return self._connections[uid]
+        index = 0 if resource == "requests" else 1
+        return sum(self._holdings(m)[index] for m in self._managers.get(uid, ()))
 
-    def check(self, resource: Resource, uid: int, *, exempt: bool = False) -> None:
-        """`QuotaExceededError` if the uid may not take one more of `resource`."""
-        held = self._held[resource][uid]
-        if not exempt and held >= self.limits.cap(resource):
+    def check(
+        self, resource: Resource, uid: int, *, exempt: bool = False, including: int = 0
+    ) -> None:
+        """`QuotaExceededError` if the uid may not take one more of ``resource`` (or, with
+        ``including``, keep that many it took already)."""
+        held = self.held(resource, uid)
+        if not exempt and held - including >= self.limits.cap(resource):
             raise QuotaExceededError(
-                f"uid {uid} holds {held} {resource} through the daemon, its limit "
-                f"(set by serve {_OPTION[resource]}); release some first"
+                f"uid {uid} holds {held - including} {resource} through the daemon, its "
+                f"limit (set by serve {_OPTION[resource]}); release some first"
             )
 
-    def take(self, resource: Resource, uid: int, *, exempt: bool = False) -> None:
-        """Count one more, or `QuotaExceededError` (nothing counted) when the uid is at its cap."""
-        self.check(resource, uid, exempt=exempt)
-        self._held[resource][uid] += 1
+    def take_connection(self, uid: int, *, exempt: bool = False) -> None:
+        """Count one more connection, or `QuotaExceededError` (nothing counted) at the cap."""
+        self.check("connections", uid, exempt=exempt)
+        self._connections[uid] += 1
 
-    def give_back(self, resource: Resource, uid: int, count: int = 1) -> None:
-        """Count `count` fewer (a uid whose count reaches zero is forgotten)."""
-        held = self._held[resource]
-        left = held[uid] - count
+    def give_back_connection(self, uid: int) -> None:
+        """Count one connection fewer (a uid whose count reaches zero is forgotten)."""
+        left = self._connections[uid] - 1
         if left > 0:
-            held[uid] = left
+            self._connections[uid] = left
         else:
-            held.pop(uid, None)
+            self._connections.pop(uid, None)

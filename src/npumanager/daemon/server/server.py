@@ -90,7 +90,7 @@ class Daemon:
         self.management_group = management_group
         self.hello_timeout_s = hello_timeout_s
         self.limits = limits or DaemonLimits()
-        self.usage = UidUsage(self.limits)
+        self.usage = UidUsage(self.limits, service.backend.holdings)
         self.create_socket_dir = create_socket_dir
         self._inherited = listener
         self.notifier = notifier or Notifier()
@@ -264,9 +264,14 @@ class Daemon:
             self._next_idle_scan = now + _IDLE_SCAN_S
             idle_since = now - self.limits.idle_timeout_s
             for connection in list(self.transport.connections.values()):
-                if connection.holds_nothing and connection.last_active < idle_since:
+                if self._holds_nothing(connection) and connection.last_active < idle_since:
                     self.stats.closed_idle += 1
                     self.transport.fatal(connection, f"idle for {self.limits.idle_timeout_s:g} s")
+
+    def _holds_nothing(self, connection: Connection) -> bool:
+        """True for a connection with no live request and no model in the service."""
+        manager = connection.manager
+        return manager is None or self.service.backend.holdings(manager) == (0, 0)
 
     # Accepting --------------------------------------------------------------------------
 
@@ -349,8 +354,8 @@ class Daemon:
                 "client": c.manager.client,
                 "uid": c.peer.uid,
                 "pid": c.peer.pid,
-                "requests": len(c.requests),
-                "models": len(c.models),
+                "requests": self.service.backend.holdings(c.manager)[0],
+                "models": self.service.backend.holdings(c.manager)[1],
                 "shared_bytes": c.segment.size if c.segment is not None else 0,
                 "inferences": len(c.inferences),
             }

@@ -273,7 +273,7 @@ class Transport:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(connection.sock)
         connection.sock.close()
-        self.usage.give_back("connections", connection.peer.uid)
+        self.usage.give_back_connection(connection.peer.uid)
         self.buffered -= connection.buffered
         self.freed += connection.buffered
         manager = connection.manager
@@ -281,6 +281,7 @@ class Transport:
         if manager is not None:
             self.stats.deaths += 1
             manager.close()
+            self.usage.leave(connection.peer.uid, manager)
         self.info.changed()
 
     def flush_all(self) -> None:
