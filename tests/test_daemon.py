@@ -769,3 +769,33 @@ def test_text_info_shows_the_health_readings(start: Callable[..., DaemonProcess]
     assert "SOURCE" in rows and "linux" in rows, rows
     if Path("/proc/pressure/memory").exists():
         assert "system" in rows and "some avg10" in rows, rows
+
+
+def _signal_thread(pid: int, tid: int, sig: int) -> None:
+    """Send `sig` to one thread of another process (tgkill), as the kernel may pick any
+    thread for a signal sent to the process."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    sys_tgkill = 234  # x86_64
+    if libc.syscall(sys_tgkill, pid, tid, sig) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill failed")
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="tgkill's syscall number is x86_64's")
+def test_a_sigterm_that_lands_on_any_thread_stops_an_idle_daemon(daemon: Daemons) -> None:
+    """The kernel hands a process's signal to any thread that does not block it; Python runs
+    the handler on the main thread only, which sleeps in the loop's selector: the signal
+    must wake it there."""
+    served = daemon()
+    pid = served.process.pid
+    others = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    assert others, "the daemon runs threads besides its main one"
+    _signal_thread(pid, others[0], signal.SIGTERM)
+    try:
+        code = served.process.wait(30)  # a hang guard: it exits at once or never
+    except subprocess.TimeoutExpired:
+        served.process.kill()
+        raise AssertionError("SIGTERM on a thread other than the main one was ignored") from None
+    assert code == 0, served.log()
+    assert "SIGTERM: shutting down" in served.log()

@@ -344,6 +344,7 @@ def cmd_serve(ctx: CommandContext) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    daemon.wake_on_signals()
     log.info(
         "serving on %s: driver %s, policy %s, pid %d, up to %d connections",
         path,

@@ -23,6 +23,7 @@ import errno
 import logging
 import os
 import selectors
+import signal
 import socket
 import threading
 import time
@@ -177,6 +178,12 @@ class Daemon:
         self._on_time(time.monotonic())
         self._turn()
         return True
+
+    def wake_on_signals(self) -> None:
+        """From the main thread: let any signal wake the loop. The kernel hands a signal to
+        any thread; Python runs its handler on the main thread only, which may sleep in the
+        loop's selector: the signal's byte on the wake pipe ends that sleep."""
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
 
     def stop(self) -> None:
         """Ask the loop to finish (safe from any thread and from a signal handler)."""
@@ -385,6 +392,10 @@ class Daemon:
             self._binding.close()
             self._binding = None
         self._selector.close()
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.set_wakeup_fd(-1)
+            if previous not in (-1, self._wake_w):  # someone else's: put it back
+                signal.set_wakeup_fd(previous)
         os.close(self._wake_r)
         os.close(self._wake_w)
         self.notifier.close()
