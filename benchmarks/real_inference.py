@@ -37,6 +37,7 @@ import numpy as np
 from _report import Progress
 
 import npumanager as npu
+from npumanager.core.driver.job import Job
 from npumanager.core.service.service import Service
 from npumanager.schemas.limits import CHAIN_WIDTH
 
@@ -100,9 +101,7 @@ def two_at_once(driver_name: str, rows: int) -> float:
 
         def wall(count: int) -> float:
             start = time.perf_counter()
-            futures = [
-                driver.submit_future(model, uid=FOREGROUND, inputs=feeds) for _ in range(count)
-            ]
+            futures = [driver.submit_future(model, Job(FOREGROUND), feeds) for _ in range(count)]
             for future in futures:
                 future.result()
             return time.perf_counter() - start

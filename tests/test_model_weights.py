@@ -34,6 +34,7 @@ from helpers.onnx_builders import (  # noqa: E402
     subgraph_model,
     values,
 )
+from npumanager.core.driver.job import Job  # noqa: E402
 from npumanager.errors import CapacityError, IllegalArgumentError  # noqa: E402
 from npumanager.modelfiles import open_model_files, sidecar_key  # noqa: E402
 from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver  # noqa: E402
@@ -154,7 +155,7 @@ def ort_driver() -> Iterator[OnnxRuntimeDriver]:
 
 
 def run(driver: OnnxRuntimeDriver, handle: int) -> np.ndarray:
-    outputs = driver.submit_future(handle, uid=1, inputs={"x": ROW}).result(60)
+    outputs = driver.submit_future(handle, Job(1), {"x": ROW}).result(60)
     return np.asarray(outputs[0])[0]
 
 
@@ -268,7 +269,7 @@ def test_an_ir_is_counted_from_its_xml_and_its_bin_comes_by_descriptor(ir_files:
     with OpenVinoDriver() as driver:
         handle = driver.load_model(0, path=ir_files)
         assert driver.model_bytes(handle) == 64
-        out = driver.submit_future(handle, uid=1, inputs={"x": ROW}).result(60)
+        out = driver.submit_future(handle, Job(1), {"x": ROW}).result(60)
         np.testing.assert_array_equal(np.asarray(out[0])[0], values())
         with pytest.raises(IllegalArgumentError, match=r"weights file \(\.bin\) did not come"):
             driver.load_model(0, model=ir_files.read_bytes())
@@ -303,5 +304,5 @@ def test_openvino_reads_onnx_external_data_only_from_descriptors(
         with pytest.raises(IllegalArgumentError, match="did not come with the model"):
             driver.load_model(0, model=path.read_bytes())
         handle = driver.load_model(0, path=path)
-        out = driver.submit_future(handle, uid=1, inputs={"x": ROW}).result(60)
+        out = driver.submit_future(handle, Job(1), {"x": ROW}).result(60)
         np.testing.assert_array_equal(np.asarray(out[0])[0], values(start=5))

@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npumanager.cli.program import main
 from npumanager.core.driver.events import EventKind, WorkEvent
+from npumanager.core.driver.job import Job
 from npumanager.core.plugins.registry import load_plugins
 from npumanager.errors import CapacityError, IllegalArgumentError
 from npumanager.schemas import DriverCapability, EndReason, SchedulingConfig
@@ -247,7 +248,7 @@ def test_without_restarts_a_more_important_uid_takes_the_next_channel_nothing_pa
             [SchedulingConfig(uid=10, app_priority=500), SchedulingConfig(uid=20, app_priority=0)]
         )
         model = d.load_timed_model()
-        first = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 50))
+        first = d.submit_future(model, Job(10), d.timed_inputs(model, 50))
         while d.device_state(0).running[0] != first.work_id and not first.done():
             d.run_until_idle(max_us=1000)
         small = d.timed_inputs(model, 1)
@@ -265,12 +266,12 @@ def test_without_restarts_a_more_important_uid_takes_the_next_channel_nothing_pa
 def test_a_future_gives_the_outputs_and_cancel_stops_running_work() -> None:
     with driver(devices=[{"channels": 1}]) as d:
         model = d.load_timed_model()
-        running = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 2_000))
-        queued = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 1))
+        running = d.submit_future(model, Job(10), d.timed_inputs(model, 2_000))
+        queued = d.submit_future(model, Job(10), d.timed_inputs(model, 1))
         while d.device_state(0).running[0] != running.work_id and not running.done():
             d.run_until_idle(max_us=1000)
         assert queued.cancel() and running.cancel()
-        done = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 1))
+        done = d.submit_future(model, Job(10), d.timed_inputs(model, 1))
         assert done.result(timeout=60)[0].shape[1] == CHAIN_WIDTH
         d.run_until_idle()
         events = d.take_events()
@@ -290,7 +291,7 @@ def test_a_runtime_error_ends_the_work_failed() -> None:
             raise RuntimeError("device lost")
 
         session.run = broken  # type: ignore[method-assign]
-        future = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 1))
+        future = d.submit_future(model, Job(10), d.timed_inputs(model, 1))
         with pytest.raises(ExecutionError, match="device lost"):
             future.result(timeout=60)
         d.run_until_idle()
@@ -385,7 +386,7 @@ def test_run_inference_runs_on_the_calling_thread_when_a_channel_is_free() -> No
         outputs = d.run_inference(model, uid=1, inputs=d.timed_inputs(model, 1))
         assert outputs[0].shape[1] == CHAIN_WIDTH
         assert threads == [threading.current_thread()]
-        busy = d.submit_future(model, uid=1, inputs=d.timed_inputs(model, 100))
+        busy = d.submit_future(model, Job(1), d.timed_inputs(model, 100))
         while d.device_state(0).running[0] != busy.work_id and not busy.done():
             d.run_until_idle(max_us=1000)
         d.run_inference(model, uid=1, inputs=d.timed_inputs(model, 1))
@@ -421,7 +422,7 @@ def test_a_futures_callbacks_run_without_the_drivers_lock() -> None:
             reader.join(timeout=10)  # blocks until this callback returns if the lock is held
             others_went_on.append(not reader.is_alive())
 
-        future = ort_driver.submit_future(model, uid=10001, inputs=chain_inputs(4))
+        future = ort_driver.submit_future(model, Job(10001), chain_inputs(4))
         future.add_done_callback(callback)
         future.result(timeout=30)
         deadline = time.monotonic() + 30

@@ -17,6 +17,7 @@ import openvino as ov
 
 from npumanager.cli.program import main
 from npumanager.core.driver.events import EventKind, WorkEvent
+from npumanager.core.driver.job import Job
 from npumanager.core.plugins.registry import load_plugins
 from npumanager.errors import CapacityError, IllegalArgumentError
 from npumanager.schemas import DriverCapability, EndReason, SchedulingConfig
@@ -91,7 +92,7 @@ def test_a_model_from_onnx_bytes_runs_and_its_constants_are_counted() -> None:
         model = driver.load_model(0, model=chain_model())
         assert driver.model_bytes(model) == WEIGHTS
         assert driver.model_info(model).target == "CPU"
-        future = driver.submit_future(model, uid=1, inputs=chain_inputs(4))
+        future = driver.submit_future(model, Job(1), chain_inputs(4))
         assert future.result(timeout=60)[0].shape == (4, CHAIN_WIDTH)
 
 
@@ -103,7 +104,7 @@ def test_a_model_from_ir_and_from_an_onnx_path(tmp_path: Path) -> None:
     with OpenVinoDriver() as driver:
         for path in (onnx_path, ir_path):
             model = driver.load_model(0, path=path)
-            assert driver.submit_future(model, uid=1, inputs=chain_inputs(1)).result(60)
+            assert driver.submit_future(model, Job(1), chain_inputs(1)).result(60)
         assert driver.device_state(0).models_loaded == 2
 
 
@@ -139,11 +140,11 @@ def test_wrong_inputs_are_refused() -> None:
 def test_cancel_stops_a_running_request() -> None:
     with OpenVinoDriver(devices=[{"channels": 1}]) as driver:
         model = driver.load_timed_model()
-        running = driver.submit_future(model, uid=1, inputs=driver.timed_inputs(model, 2_000))
+        running = driver.submit_future(model, Job(1), driver.timed_inputs(model, 2_000))
         while driver.device_state(0).running[0] != running.work_id and not running.done():
             driver.run_until_idle(max_us=1000)
         assert running.cancel()
-        after = driver.submit_future(model, uid=1, inputs=driver.timed_inputs(model, 1))
+        after = driver.submit_future(model, Job(1), driver.timed_inputs(model, 1))
         assert after.result(timeout=60)
         driver.run_until_idle()
         events = driver.take_events()

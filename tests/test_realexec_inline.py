@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npumanager.core.driver.events import EventKind
+from npumanager.core.driver.job import Job
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import SchedulingConfig
 from npumanager.schemas.device import Band, DeviceSpec
@@ -50,7 +51,7 @@ def test_background_work_held_back_is_not_run_inline_but_waits_its_turn() -> Non
             return real(feeds, call)
 
         session.run = recording  # type: ignore[method-assign]
-        busy = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 200))
+        busy = d.submit_future(model, Job(10), d.timed_inputs(model, 200))
         while d.device_state(0).running.count(-1) == 2 and not busy.done():
             d.run_until_idle(max_us=1000)
         d.run_inference(model, uid=11, inputs=d.timed_inputs(model, 1))
@@ -77,8 +78,8 @@ def test_a_foreground_inference_behind_held_back_background_work_runs_inline() -
             return real(feeds, call)
 
         session.run = recording  # type: ignore[method-assign]
-        busy = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 300))
-        waiting = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 1))
+        busy = d.submit_future(model, Job(10), d.timed_inputs(model, 300))
+        waiting = d.submit_future(model, Job(10), d.timed_inputs(model, 1))
         while d.device_state(0).running.count(-1) == 2 and not busy.done():
             d.run_until_idle(max_us=1000)
         assert d.device_state(0).queue_depth == 1, "the second background job is held back"
@@ -141,16 +142,16 @@ def test_foreground_work_does_not_wait_behind_held_back_owed_background_work(
             ]
         )
         model = d.load_timed_model()
-        busy = d.submit_future(model, uid=10, inputs=d.timed_inputs(model, 300))
+        busy = d.submit_future(model, Job(10), d.timed_inputs(model, 300))
         while d.device_state(0).running.count(-1) == 2 and not busy.done():
             d.run_until_idle(max_us=1000)
-        idle = d.submit_future(model, uid=11, inputs=d.timed_inputs(model, 1))
+        idle = d.submit_future(model, Job(11), d.timed_inputs(model, 1))
         time.sleep(0.01)  # the idle band's floor credit grows: it heads the queue, held back
         inputs = d.timed_inputs(model, 1)
         if inline:
             d.run_inference(model, uid=20, inputs=inputs)
         else:
-            d.submit_future(model, uid=20, inputs=inputs).result(timeout=60)
+            d.submit_future(model, Job(20), inputs).result(timeout=60)
         assert not busy.done() and not idle.done(), "the foreground job went first"
         d.run_until_idle()
 

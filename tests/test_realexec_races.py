@@ -7,6 +7,7 @@ import time
 import weakref
 from typing import Any
 
+from npumanager.core.driver.job import Job
 from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver
 
 
@@ -23,8 +24,8 @@ def test_work_cancelled_after_it_started_but_before_it_ran_ends_and_the_worker_g
             return execute(work)
 
         d._execute = cancel_first  # type: ignore[method-assign]
-        first = d.submit_future(model, uid=1, inputs=d.timed_inputs(model, 5))
-        second = d.submit_future(model, uid=1, inputs=d.timed_inputs(model, 5))
+        first = d.submit_future(model, Job(1), d.timed_inputs(model, 5))
+        second = d.submit_future(model, Job(1), d.timed_inputs(model, 5))
         assert len(second.result(timeout=30)) == 1, "the same worker ran the next work"
         assert cancelled == [first.work_id] and first.cancelled()
 
@@ -40,7 +41,7 @@ def test_the_inputs_of_work_stopped_while_it_ran_are_let_go_at_once() -> None:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            future = d.submit_future(model, uid=1, inputs=inputs)
+            future = d.submit_future(model, Job(1), inputs)
             del inputs
             deadline = time.monotonic() + 30
             while not d._busy:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from npumanager.core.driver.events import EventKind, WorkEvent
+from npumanager.core.driver.job import Job
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import EndReason, SchedulingConfig
 from npumanager.testing.base import lifecycle
@@ -48,7 +49,7 @@ def test_an_inline_run_that_is_stopped_starts_over_and_still_returns_its_outputs
         )
         app.start()
         started_running(d, 1)
-        d.submit_future(model, uid=20, inputs=d.timed_inputs(model, 1)).result(timeout=60)
+        d.submit_future(model, Job(20), d.timed_inputs(model, 1)).result(timeout=60)
         app.join(timeout=60)
         assert out and out[0][0].shape[0] > 1
         d.run_until_idle()
@@ -120,7 +121,7 @@ def test_an_inline_run_stopped_to_make_room_still_times_out_on_time() -> None:
         thread = threading.Thread(target=app)
         thread.start()
         started_running(d, 1)
-        urgent = [d.submit_future(model, uid=20, inputs=urgent_inputs) for _ in range(8)]
+        urgent = [d.submit_future(model, Job(20), urgent_inputs) for _ in range(8)]
         thread.join(timeout=60)
         assert raised and not urgent[-1].done(), "it timed out while urgent work still ran"
         d.run_until_idle()

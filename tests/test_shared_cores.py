@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from npumanager.core.driver.events import EventKind
+from npumanager.core.driver.job import Job
 from npumanager.schemas import EndReason, SchedulingConfig
 from npumanager.testing.base import lifecycle
 from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver
@@ -32,12 +33,12 @@ def _run(shared_cores: bool, background_jobs: int = 1) -> tuple[list[int], int, 
         _rank(d)
         model = d.load_timed_model()
         background = [
-            d.submit_future(model, uid=BACKGROUND, inputs=d.timed_inputs(model, 300)).work_id
+            d.submit_future(model, Job(BACKGROUND), d.timed_inputs(model, 300)).work_id
             for _ in range(background_jobs)
         ]
         while background[0] not in d.device_state(0).running:
             d.run_until_idle(max_us=1000)
-        foreground = d.submit_future(model, uid=FOREGROUND, inputs=d.timed_inputs(model, 20))
+        foreground = d.submit_future(model, Job(FOREGROUND), d.timed_inputs(model, 20))
         d.run_until_idle()
         return background, foreground.work_id, d.take_events()
 
@@ -85,11 +86,11 @@ def test_background_work_owed_its_floor_share_runs_beside_foreground_work(floor:
         _rank(d)
         model = d.load_timed_model()
         flood = [
-            d.submit_future(model, uid=FOREGROUND, inputs=d.timed_inputs(model, 15)).work_id
+            d.submit_future(model, Job(FOREGROUND), d.timed_inputs(model, 15)).work_id
             for _ in range(12)
         ]
         d.run_until_idle(max_us=5000)
-        background = d.submit_future(model, uid=BACKGROUND, inputs=d.timed_inputs(model, 5))
+        background = d.submit_future(model, Job(BACKGROUND), d.timed_inputs(model, 5))
         d.run_until_idle()
         ended = [e.id for e in d.take_events() if e.kind == EventKind.ENDED]
     if floor:
@@ -112,7 +113,7 @@ def test_a_foreground_inference_run_inline_stops_the_background_work_too() -> No
     with OnnxRuntimeDriver(devices=[spec], shared_cores=True) as d:
         _rank(d)
         model = d.load_timed_model()
-        work = d.submit_future(model, uid=BACKGROUND, inputs=d.timed_inputs(model, 300)).work_id
+        work = d.submit_future(model, Job(BACKGROUND), d.timed_inputs(model, 300)).work_id
         while work not in d.device_state(0).running:
             d.run_until_idle(max_us=1000)
         d.run_inference(model, uid=FOREGROUND, inputs=d.timed_inputs(model, 20))  # this thread

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from npumanager.checks import GroupId
 from npumanager.core.driver.debounce import Debouncer
 from npumanager.core.driver.events import EventKind, WorkEvent, to_work_infos
+from npumanager.core.driver.job import Job, WorkMode
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import EndReason, SchedulingConfig, StartReason, WorkInfo
 from npumanager.schemas.device import DeviceDescription, DeviceStatus
@@ -194,9 +195,9 @@ class WorkHandle(Protocol):
     work id of its events; `cancel()` cancels the work, queued or running."""
 
     work_id: int
-    inline: Any
-    """Set while work submitted `inline` holds a channel it has not run on yet (None
-    otherwise): ``run_admitted`` runs it."""
+    inline: object
+    """Set while work submitted `~WorkMode.INLINE` holds a channel it has not run on yet
+    (None otherwise): ``run_admitted`` runs it."""
 
     def result(self, timeout: float | None = None) -> list[Any]:
         """The outputs; raises if the work failed, was cancelled, or ``timeout`` passed."""
@@ -240,29 +241,19 @@ class RealExecution(Protocol):
     def submit_future(
         self,
         model: int,
-        *,
-        uid: int,
+        job: Job,
         inputs: Mapping[str, Any] | None,
-        job_priority: int = MIN_PRIORITY,
-        original_uid: int | None = None,
-        group_id: GroupId | None = None,
-        feature_id: str | None = None,
-        debug_pid: int = 0,
-        inline: bool = False,
-        inline_background: bool = True,
-        sync: bool = False,
+        mode: WorkMode = WorkMode.QUEUED,
     ) -> WorkHandle:
-        """Queue one inference; a future of its outputs (`inline`: `outputs` may run it on
-        the calling thread; with `inline_background` False, background work never does;
-        `sync`: only the calling thread waits, with `outputs` and no timeout, so the
-        handle need not let other threads wait)."""
+        """Queue one inference of ``job`` on ``inputs``; a future of its outputs. ``mode``
+        says who runs it and who waits (`WorkMode`)."""
 
-    def outputs(self, handle: Any, timeout: float | None = None) -> list[Any]:
-        """The outputs of submitted work (run here if it was submitted `inline` and a
-        channel was free); after `timeout` seconds it is cancelled and `TimeoutError` raised."""
+    def outputs(self, handle: WorkHandle, timeout: float | None = None) -> list[Any]:
+        """The outputs of submitted work (run here if it was submitted inline and took a
+        channel); after ``timeout`` seconds it is cancelled and `TimeoutError` raised."""
 
-    def run_admitted(self, handle: Any) -> None:
-        """Run work submitted `inline` that took a channel here, on the calling thread, and
+    def run_admitted(self, handle: WorkHandle) -> None:
+        """Run work submitted inline that took a channel here, on the calling thread, and
         end it as it went (its future says how); nothing if it took none."""
 
 

@@ -19,6 +19,7 @@ from npumanager.core.client.callbacks import ModelLoadRequestCallback, takes_rea
 from npumanager.core.client.dispatch import DeliveryStats, ExecutorLike, SerialQueue
 from npumanager.core.client.manager import LoadedModel, NpuManager
 from npumanager.core.driver.contract import RealExecution, WorkHandle
+from npumanager.core.driver.job import WorkMode
 from npumanager.core.service.requests import RequestRecord
 from npumanager.core.service.state import ServiceState
 from npumanager.errors import FeatureNotDeclaredError, FeatureWarning, NpuPermissionError
@@ -159,31 +160,21 @@ class LocalBackend:
         original_uid: int | None,
         group_id: GroupId | None,
         feature_id: str | None,
-        *,
-        inline: bool = False,
-        inline_background: bool = True,
-        sync: bool = False,
+        mode: WorkMode = WorkMode.QUEUED,
     ) -> WorkHandle:
-        """Run one real inference on a loaded model; a future of its outputs (``inline``,
-        ``sync``: see ``RealExecution.submit_future``; `run_admitted` or `outputs` then
-        runs it)."""
-        return self._state.submit_inference(
-            model,
-            inputs,
-            (job_priority, original_uid, group_id, feature_id),
-            inline=inline,
-            inline_background=inline_background,
-            sync=sync,
-        )
+        """Run one real inference on a loaded model; a future of its outputs (``mode``:
+        who runs it, `WorkMode`; `run_admitted` or `outputs` then runs it inline)."""
+        job = (job_priority, original_uid, group_id, feature_id)
+        return self._state.submit_inference(model, inputs, job, mode)
 
     def outputs(self, handle: WorkHandle) -> list[Any]:
         """The outputs of work `submit_inference` returned, run here first when it took a
-        channel (``inline``); its failure or cancellation raised."""
+        channel (`WorkMode.INLINE`); its failure or cancellation raised."""
         return self._state.outputs(handle, None)
 
     def run_admitted(self, handle: WorkHandle) -> None:
-        """Run here, outside the service lock, work ``submit_inference(inline=True)`` put on
-        a channel; nothing if it took none."""
+        """Run here, outside the service lock, work submitted `WorkMode.INLINE` that took a
+        channel; nothing if it took none."""
         self._state.run_admitted(handle)
 
     def run_inference(
@@ -195,9 +186,8 @@ class LocalBackend:
     ) -> list[Any]:
         """Run one real inference and return its outputs: on the calling thread when a
         channel is free and nothing waits, outside the service lock."""
-        handle = self.submit_inference(
-            model, inputs, job_priority, None, None, None, inline=True, sync=timeout is None
-        )
+        mode = WorkMode.INLINE | (WorkMode.SYNC if timeout is None else WorkMode.QUEUED)
+        handle = self.submit_inference(model, inputs, job_priority, None, None, None, mode)
         return self._state.outputs(handle, timeout)
 
     def submit_work(

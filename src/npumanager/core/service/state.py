@@ -18,6 +18,7 @@ from npumanager.core.arbiter.actions import Action, Complete, RequestKey, Reques
 from npumanager.core.arbiter.policy import Policy
 from npumanager.core.client.manager import LoadedModel, NpuManager
 from npumanager.core.driver.contract import RealExecution, ThermalModel, WorkHandle
+from npumanager.core.driver.job import Job, WorkMode
 from npumanager.core.plugins.health import SourceState
 from npumanager.core.service.carrying import Carrying
 from npumanager.core.service.requests import RequestRecord
@@ -323,32 +324,20 @@ class ServiceState(Carrying):
         model: LoadedModel,
         inputs: Mapping[str, Any],
         job: tuple[int, int | None, GroupId | None, str | None],
-        *,
-        inline: bool,
-        inline_background: bool,
-        sync: bool,
+        mode: WorkMode,
     ) -> WorkHandle:
         """Queue one real inference on a loaded model; ``job`` is its priority, original
-        uid, group and feature (``inline``, ``sync``: see ``RealExecution.submit_future``)."""
+        uid, group and feature, ``mode`` who runs it (`WorkMode`)."""
         job_priority, original_uid, group_id, feature_id = job
         manager = model.manager
         with self._lock:
             if original_uid is not None:
                 self._check_attribution(manager, original_uid)
             self._records.check_model(model)
-            future = self._real_driver().submit_future(
-                model.handle,
-                uid=manager.uid,
-                inputs=inputs,
-                job_priority=job_priority,
-                original_uid=original_uid,
-                group_id=group_id,
-                feature_id=feature_id,
-                debug_pid=manager.pid or 0,
-                inline=inline,
-                inline_background=inline_background,
-                sync=sync,
+            work = Job(
+                manager.uid, job_priority, original_uid, group_id, feature_id, manager.pid or 0
             )
+            future = self._real_driver().submit_future(model.handle, work, inputs, mode)
             self._records.work_submitted(future.work_id, model)
             return future
 

@@ -23,6 +23,7 @@ import numpy as np
 from npumanager.checks import group_bytes
 from npumanager.core.client.dispatch import Task
 from npumanager.core.client.manager import LoadedModel
+from npumanager.core.driver.job import WorkMode
 from npumanager.core.service.service import Service
 from npumanager.daemon.server.calls import NO_REPLY, Calls, Handler, NoReply
 from npumanager.daemon.server.connection import Connection
@@ -46,6 +47,9 @@ from npumanager.schemas.limits import (
     DEFAULT_MAX_SHARED_BYTES,
     MAX_HELD_RESULTS,
 )
+
+_IN_FRONT = WorkMode.INLINE | WorkMode.FOREGROUND_ONLY
+"""A foreground inference the loop's thread runs itself when a standby leads meanwhile."""
 
 
 class InferenceCalls:
@@ -206,8 +210,7 @@ class InferenceCalls:
             message.original_uid,
             raw,
             message.feature_id,
-            inline=inline,
-            inline_background=False,
+            _IN_FRONT if inline else WorkMode.QUEUED,
         )
         connection.inferences[work.work_id] = message.seq
         connection.inference_models[work.work_id] = message.model

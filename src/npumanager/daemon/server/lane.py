@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from npumanager.core.driver.job import WorkMode
 from npumanager.core.service.service import Service
 from npumanager.daemon.peer import peer_credentials
 from npumanager.daemon.server.frames import call_error
@@ -54,6 +55,9 @@ from npumanager.daemon.wire.lane import (
 )
 from npumanager.daemon.wire.tensors import check_span
 from npumanager.errors import IllegalArgumentError, UnknownWorkError
+
+_ON_THE_LANE = WorkMode.INLINE | WorkMode.FOREGROUND_ONLY | WorkMode.SYNC
+"""A lane's thread runs a foreground inference itself, and only it waits for it."""
 
 if TYPE_CHECKING:
     from npumanager.core.client.manager import LoadedModel
@@ -225,9 +229,7 @@ class Lane:
                 None,
                 None,
                 None,
-                inline=True,
-                inline_background=False,
-                sync=True,
+                _ON_THE_LANE,
             )
         except Exception as exc:
             error = call_error(0, exc, self._stats, "a lane request", self._uid)

@@ -21,6 +21,7 @@ import numpy as np
 
 from npumanager.checks import GroupId, check_int, group_bytes
 from npumanager.core.driver.events import NO_REASON
+from npumanager.core.driver.job import Job, WorkMode
 from npumanager.errors import IllegalArgumentError, UnknownModelError
 from npumanager.schemas.limits import (
     INT32_MAX,
@@ -61,47 +62,33 @@ class Submission(Channels):
         feature_id: str | None = None,
         debug_pid: int = 0,
     ) -> int:
-        """Queue one inference with `inputs` (by name); its work id. Outputs: `result`."""
-        return self.submit_future(
-            model,
-            uid=uid,
-            cost_cycles=cost_cycles,
-            inputs=inputs,
-            job_priority=job_priority,
-            original_uid=original_uid,
-            group_id=group_id,
-            feature_id=feature_id,
-            debug_pid=debug_pid,
-            keep=True,
-        ).work_id
+        """Queue one inference with ``inputs`` (by name); its work id. Outputs: ``result``."""
+        job = Job(uid, job_priority, original_uid, group_id, feature_id, debug_pid)
+        return self.submit_future(model, job, inputs, cost_cycles=cost_cycles, keep=True).work_id
 
     def submit_future(
         self,
         model: int,
-        *,
-        uid: int,
+        job: Job,
         inputs: Mapping[str, Any] | None,
+        mode: WorkMode = WorkMode.QUEUED,
+        *,
         cost_cycles: int | None = None,
-        job_priority: int = MIN_PRIORITY,
-        original_uid: int | None = None,
-        group_id: GroupId | None = None,
-        feature_id: str | None = None,
-        debug_pid: int = 0,
         keep: bool = False,
-        inline: bool = False,
-        inline_background: bool = True,
-        sync: bool = False,
     ) -> WorkFuture | SyncOutcome:
-        """Queue one inference; a future of its outputs (`cancel()` cancels the work).
-        `inline`: if it is next in line and a channel is free, it takes the channel now and
-        `outputs` (or `run_admitted`) runs it on the calling thread; with
-        `inline_background` False, background work is left to the workers (their lower OS
-        priority) all the same. `sync` (with `inline`): only the calling thread waits, with
-        `outputs` and no timeout; work it runs itself then needs no `WorkFuture`."""
+        """Queue one inference of ``job``; a future of its outputs (``cancel()`` cancels
+        the work). ``mode`` (`WorkMode`): with ``INLINE``, if it is next in line and a
+        channel is free, it takes the channel now and ``outputs`` (or ``run_admitted``)
+        runs it on the calling thread (with ``FOREGROUND_ONLY``, background work is left to
+        the workers, at their lower OS priority, all the same); with ``SYNC`` too, only the
+        calling thread waits, with ``outputs`` and no timeout, and work it runs itself then
+        needs no `WorkFuture`. ``keep``: the outputs stay for ``result``."""
+        inline = WorkMode.INLINE in mode
+        inline_background = WorkMode.FOREGROUND_ONLY not in mode
+        sync = WorkMode.SYNC in mode
+        feature_id = job.feature_id
         self._check_open()
-        uid, original, job_priority, gid, debug_pid = _checked(
-            uid, original_uid, job_priority, group_id, debug_pid, feature_id
-        )
+        uid, original, job_priority, gid, debug_pid = _checked(job)
         plain = type(model) is int and 0 <= model <= INT32_MAX
         with self._mutex:
             entry = self._models.get(model if plain else check_int("model", model, 0, INT32_MAX))
@@ -216,17 +203,10 @@ class Submission(Channels):
         timeout: float | None = None,
         **details: Any,
     ) -> list[np.ndarray]:
-        """Run one inference and return its outputs (`submit_future(inline=True)`, then
-        `outputs`)."""
-        future = self.submit_future(
-            model,
-            uid=uid,
-            inputs=inputs,
-            job_priority=job_priority,
-            inline=True,
-            sync=timeout is None,
-            **details,
-        )
+        """Run one inference and return its outputs (``WorkMode.INLINE``, then
+        ``outputs``); ``details`` are the rest of its `Job`."""
+        mode = WorkMode.INLINE | (WorkMode.SYNC if timeout is None else WorkMode.QUEUED)
+        future = self.submit_future(model, Job(uid, job_priority, **details), inputs, mode)
         return self.outputs(future, timeout)
 
     def run_admitted(self, future: WorkFuture | SyncOutcome) -> None:
@@ -270,17 +250,12 @@ class Submission(Channels):
         return _waited(future, max(0.0, deadline - time.monotonic()))
 
 
-def _checked(
-    uid: int,
-    original_uid: int | None,
-    job_priority: int,
-    group_id: GroupId | None,
-    debug_pid: int,
-    feature_id: str | None,
-) -> tuple[int, int, int, bytes | None, int]:
+def _checked(job: Job) -> tuple[int, int, int, bytes | None, int]:
     """New work's uid, original uid, job priority, group id (bytes) and debug pid, checked
     in that order, then its feature id; `check_int` is called only for a value that is not
     a plain int in range (it would return that value)."""
+    uid, original_uid, job_priority = job.uid, job.original_uid, job.job_priority
+    group_id, debug_pid, feature_id = job.group_id, job.debug_pid, job.feature_id
     if type(uid) is not int or not 0 <= uid <= INT32_MAX:
         uid = check_int("uid", uid, 0, INT32_MAX)
     original = (
