@@ -21,6 +21,7 @@ from typing import Any
 from _report import Progress, Target, print_report  # beside this script
 
 from npumanager.core.driver.events import EventKind, WorkEvent
+from npumanager.core.driver.job import Arrivals, Job
 from npumanager.schemas import EndReason, SchedulingConfig
 from npumanager.schemas.device import DeviceSpec, Scheduler
 from npumanager.vendor_drivers.vnpu import VnpuDriver
@@ -111,10 +112,8 @@ def simulate(clients: list[Client], scheduler: Scheduler, seconds: float, slice_
     end = int(seconds * 1_000_000)
     for c in clients:
         if c.period_us:
-            engine.add_periodic(
-                model, c.uid, c.uid, 0, c.cost_us * CYCLES_PER_US, c.period_us, 0,
-                end // c.period_us, 1, None, None, 0,
-            )  # fmt: skip
+            arrivals = Arrivals(c.period_us, 0, end // c.period_us, 1)
+            engine.add_periodic(model, Job(c.uid, 0, c.uid), c.cost_us * CYCLES_PER_US, arrivals)
         for _ in range(c.depth):
             engine.submit(model, c.uid, c.uid, 0, c.cost_us * CYCLES_PER_US, None, None, 0)
     loops = {c.uid: c for c in clients if c.period_us == 0}

@@ -32,6 +32,7 @@ from typing import Any
 from _report import Progress, Target, print_report  # beside this script
 
 from npumanager.core.driver.events import WorkEvent
+from npumanager.core.driver.job import Job
 from npumanager.core.plugins.registry import PluginRegistry, load_plugins
 from npumanager.simulation.runner import run_direct, run_managed
 from npumanager.simulation.scenario import load_scenario
@@ -85,12 +86,11 @@ def throughput(items: int, window_ms: int) -> tuple[float, int, int]:
     for index in range(GENERATORS):
         driver.add_periodic(
             model,
-            uid=10_000 + index,
+            Job(uid=10000 + index, job_priority=index * 300),
             cost_cycles=COST_CYCLES,
             period_us=GENERATORS,
             count=per,
             start_us=index,
-            job_priority=index * 300,
         )
     hub = TelemetryHub(threaded=False, close_timeout_s=5)
     sink = CountingSink()

@@ -33,6 +33,7 @@ from typing import Any
 from _report import Progress, Target, print_report  # beside this script
 
 from npumanager.core.driver.events import EventKind
+from npumanager.core.driver.job import Job
 from npumanager.schemas.device import DeviceSpec, Scheduler
 from npumanager.vendor_drivers.reference import ReferenceDriver
 from npumanager.vendor_drivers.vnpu import VnpuDriver
@@ -66,12 +67,11 @@ def periodic_workload(driver: Any, items: int) -> int:
     for index, priority in enumerate(PRIORITIES):
         driver.add_periodic(
             model,
-            uid=10_000 + index,
+            Job(uid=10000 + index, job_priority=priority),
             cost_cycles=COST_CYCLES,
             period_us=PERIOD_US,
             count=per,
             start_us=index,
-            job_priority=priority,
         )
     return per * PERIOD_US + 1_000
 

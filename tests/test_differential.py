@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from npumanager import EndReason, StartReason, ThermalSeverity
 from npumanager.core.driver.events import EventKind, WorkEvent
+from npumanager.core.driver.job import Job
 from npumanager.schemas.device import DEFAULT_BANDS, Band, DeviceSpec, Scheduler, ThermalSpec
 from npumanager.vendor_drivers.reference import ReferenceDriver
 from npumanager.vendor_drivers.simulated import SimulatedDriver
@@ -269,16 +270,18 @@ class Runner:
             ref, uid, original, prio, cost, period, start, count, burst, group, feature = args
             return d.add_periodic(
                 self._model(ref),
-                uid=uid,
-                original_uid=original,
-                job_priority=prio,
+                Job(
+                    uid=uid,
+                    original_uid=original,
+                    job_priority=prio,
+                    group_id=group,
+                    feature_id=feature,
+                ),
                 cost_cycles=cost,
                 period_us=period,
                 start_us=d.now_us + start,
                 count=count,
                 burst=burst,
-                group_id=group,
-                feature_id=feature,
             )
         if name == "cancel":
             return d.cancel(self._work(args[0]))
@@ -422,7 +425,9 @@ def test_identical_behaviour_with_a_callback_and_debouncing() -> None:
         sink = Batches()
         driver.set_callback(sink)
         model = driver.load_model(1, weight_bytes=1)
-        driver.add_periodic(model, uid=10001, cost_cycles=150, period_us=120, count=20, burst=2)
+        driver.add_periodic(
+            model, Job(uid=10001), cost_cycles=150, period_us=120, count=20, burst=2
+        )
         driver.submit(model, uid=0, cost_cycles=2000, job_priority=0)
         driver.run_until_idle()
         results.append(sink.events)

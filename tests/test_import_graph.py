@@ -249,3 +249,21 @@ def test_reaching_into_the_owner_is_recognised(tmp_path: Path) -> None:
     sneaky.write_text("def f(state, service):\n    state._lock\n    service.arbiter.tick(0)\n")
     assert len(list(reaches(sneaky, facade=True))) == 2
     assert len(list(reaches(sneaky, facade=False))) == 1
+
+
+MAX_PARAMETERS = 8
+"""Beyond this a function takes a record (a `Job`, a config) instead of loose values."""
+
+
+def test_no_function_but_a_public_constructor_takes_more_than_eight_parameters() -> None:
+    crowded = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            args = node.args
+            given = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+            count = len([a for a in given if a.arg not in ("self", "cls")])
+            if count > MAX_PARAMETERS and node.name != "__init__":
+                crowded.append(f"{name}.{node.name} takes {count}")
+    assert crowded == []

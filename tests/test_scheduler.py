@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npumanager.core.driver.events import EventKind
-from npumanager.core.driver.scheduler import NEVER, DeviceScheduler, Job
+from npumanager.core.driver.job import Job
+from npumanager.core.driver.scheduler import NEVER, DeviceScheduler, ScheduledJob
 from npumanager.schemas import EndReason, SchedulingConfig, StartReason
 from npumanager.schemas.device import DeviceSpec, Scheduler, ThermalSpec
 from npumanager.vendor_drivers.reference import ReferenceDriver
@@ -31,7 +32,7 @@ class Arrival:
 
 def run_scheduler(spec: DeviceSpec, arrivals: list[Arrival]) -> Trace:
     """A minimal dispatch loop around the scheduler, on a device doing a cycle a us."""
-    sched: DeviceScheduler[Job] = DeviceScheduler(spec)
+    sched: DeviceScheduler[ScheduledJob] = DeviceScheduler(spec)
     left: dict[int, int] = {}
     since: dict[int, int] = {}
     trace: Trace = []
@@ -52,7 +53,7 @@ def run_scheduler(spec: DeviceSpec, arrivals: list[Arrival]) -> Trace:
         while pending and pending[0][1].at_us == t:
             work, a = pending.pop(0)
             left[work] = a.cost_us
-            sched.enqueue(Job(work, a.uid, APPS[a.uid] + a.job_priority), t)
+            sched.enqueue(ScheduledJob(work, a.uid, APPS[a.uid] + a.job_priority), t)
         for job in sched.victims(t):
             left[job.id] -= t - since[job.id]
             sched.stop(job, t, requeue=True)
@@ -76,8 +77,7 @@ def run_reference(spec: DeviceSpec, arrivals: list[Arrival]) -> Trace:
     for a in arrivals:
         driver.add_periodic(
             model,
-            uid=a.uid,
-            job_priority=a.job_priority,
+            Job(uid=a.uid, job_priority=a.job_priority),
             cost_cycles=a.cost_us,
             period_us=1,
             start_us=a.at_us,
@@ -127,8 +127,12 @@ def test_the_scheduler_on_its_own_matches_the_reference_device(
 
 
 def test_a_free_channel_takes_the_least_served_uid_and_the_victim_is_returned() -> None:
-    sched: DeviceScheduler[Job] = DeviceScheduler(DeviceSpec(channels=1, slice_us=100))
-    first, second, third = Job(1, 10, 100), Job(2, 10, 100), Job(3, 11, 100)
+    sched: DeviceScheduler[ScheduledJob] = DeviceScheduler(DeviceSpec(channels=1, slice_us=100))
+    first, second, third = (
+        ScheduledJob(1, 10, 100),
+        ScheduledJob(2, 10, 100),
+        ScheduledJob(3, 11, 100),
+    )
     for job in (first, second, third):
         sched.enqueue(job, 0)
     assert sched.pick(0) is first
@@ -149,9 +153,11 @@ def test_a_free_channel_takes_the_least_served_uid_and_the_victim_is_returned() 
 def test_peek_names_the_job_pick_takes_and_takes_nothing(
     scheduler: Scheduler, jobs: list[tuple[int, int]]
 ) -> None:
-    sched: DeviceScheduler[Job] = DeviceScheduler(DeviceSpec(channels=1, scheduler=scheduler))
+    sched: DeviceScheduler[ScheduledJob] = DeviceScheduler(
+        DeviceSpec(channels=1, scheduler=scheduler)
+    )
     for n, (uid, priority) in enumerate(jobs, start=1):
-        sched.enqueue(Job(id=n, uid=uid, effective_priority=priority), n)
+        sched.enqueue(ScheduledJob(id=n, uid=uid, effective_priority=priority), n)
     t = len(jobs) + 1
     while sched.depth:
         depth = sched.depth
@@ -161,7 +167,7 @@ def test_peek_names_the_job_pick_takes_and_takes_nothing(
     assert sched.peek(t) is None
 
 
-def _state(sched: DeviceScheduler[Job]) -> object:
+def _state(sched: DeviceScheduler[ScheduledJob]) -> object:
     flows = {k: (f.vruntime, f.running, [e[:2] for e in f.queue]) for k, f in sched.flows.items()}
     running = [None if j is None else (j.id, j.band, j.run_start_us) for j in sched.running]
     return flows, running, sched.live, sched.busy, sched.credit, sched.queued
@@ -176,8 +182,8 @@ def test_admit_is_enqueue_pick_and_start_when_nothing_waits(
     scheduler: Scheduler, steps: list[tuple[int, int]]
 ) -> None:
     spec = DeviceSpec(channels=2, scheduler=scheduler, floor_window_us=300)
-    admitted: DeviceScheduler[Job] = DeviceScheduler(spec)
-    queued: DeviceScheduler[Job] = DeviceScheduler(spec)
+    admitted: DeviceScheduler[ScheduledJob] = DeviceScheduler(spec)
+    queued: DeviceScheduler[ScheduledJob] = DeviceScheduler(spec)
     t = 0
     for n, (uid, dt) in enumerate(steps, start=1):
         t += dt
@@ -188,8 +194,8 @@ def test_admit_is_enqueue_pick_and_start_when_nothing_waits(
             admitted.stop(old, t, requeue=False)
             queued.stop(twin, t, requeue=False)
             free = [c for c, j in enumerate(admitted.running) if j is None]
-        admitted.admit(Job(n, uid, APPS[uid]), free[0], t)
-        job = Job(n, uid, APPS[uid])
+        admitted.admit(ScheduledJob(n, uid, APPS[uid]), free[0], t)
+        job = ScheduledJob(n, uid, APPS[uid])
         queued.enqueue(job, t)
         assert queued.pick(t) is job
         queued.start(job, free[0], t)
@@ -197,10 +203,10 @@ def test_admit_is_enqueue_pick_and_start_when_nothing_waits(
 
 
 def test_admit_refuses_when_a_job_waits() -> None:
-    sched: DeviceScheduler[Job] = DeviceScheduler(DeviceSpec(channels=1))
-    sched.enqueue(Job(1, 10, 100), 0)
+    sched: DeviceScheduler[ScheduledJob] = DeviceScheduler(DeviceSpec(channels=1))
+    sched.enqueue(ScheduledJob(1, 10, 100), 0)
     with pytest.raises(ValueError, match="admit only when no job waits"):
-        sched.admit(Job(2, 10, 100), 0, 0)
+        sched.admit(ScheduledJob(2, 10, 100), 0, 0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -213,11 +219,11 @@ def test_pick_below_takes_the_first_in_pick_order_of_the_bands_above(
     scheduler: Scheduler, jobs: list[tuple[int, int]], below: int
 ) -> None:
     spec = DeviceSpec(channels=1, scheduler=scheduler)
-    every: DeviceScheduler[Job] = DeviceScheduler(spec)
-    some: DeviceScheduler[Job] = DeviceScheduler(spec)
+    every: DeviceScheduler[ScheduledJob] = DeviceScheduler(spec)
+    some: DeviceScheduler[ScheduledJob] = DeviceScheduler(spec)
     for n, (uid, priority) in enumerate(jobs, start=1):
         for sched in (every, some):
-            sched.enqueue(Job(id=n, uid=uid, effective_priority=priority), n)
+            sched.enqueue(ScheduledJob(id=n, uid=uid, effective_priority=priority), n)
     t = len(jobs) + 1
     order = []
     while every.depth:
@@ -235,7 +241,7 @@ def test_pick_below_takes_the_first_in_pick_order_of_the_bands_above(
 
 
 def test_time_passed_in_never_goes_back() -> None:
-    sched: DeviceScheduler[Job] = DeviceScheduler(DeviceSpec(channels=1))
-    sched.enqueue(Job(1, 10, 100), 10)
+    sched: DeviceScheduler[ScheduledJob] = DeviceScheduler(DeviceSpec(channels=1))
+    sched.enqueue(ScheduledJob(1, 10, 100), 10)
     with pytest.raises(AssertionError, match="time went back: 5 after 10"):
         sched.peek(5)

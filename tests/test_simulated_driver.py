@@ -15,6 +15,7 @@ from npumanager import (
     WorkInfo,
 )
 from npumanager.core.driver.events import EventKind, WorkEvent
+from npumanager.core.driver.job import Job
 from npumanager.errors import (
     CapacityError,
     DriverClosedError,
@@ -293,7 +294,7 @@ def test_periodic_arrivals_are_generated_inside_the_device(
     driver = make()
     model = driver.load_model(0, weight_bytes=1)
     driver.add_periodic(
-        model, uid=3, cost_cycles=CYCLES_PER_MS, period_us=10 * MS, count=5, burst=2
+        model, Job(uid=3), cost_cycles=CYCLES_PER_MS, period_us=10 * MS, count=5, burst=2
     )
     driver.run_until_idle()
     events = driver.take_events()
@@ -305,7 +306,9 @@ def test_periodic_arrivals_are_generated_inside_the_device(
 def test_an_hour_of_device_time_simulates(make: Callable[..., SimulatedDriver]) -> None:
     driver = make()
     model = driver.load_model(0, weight_bytes=1)
-    driver.add_periodic(model, uid=3, cost_cycles=CYCLES_PER_MS, period_us=60 * 1000 * MS, count=60)
+    driver.add_periodic(
+        model, Job(uid=3), cost_cycles=CYCLES_PER_MS, period_us=60 * 1000 * MS, count=60
+    )
     driver.advance(3600 * 1000 * MS)
     assert driver.now_us == 3600 * 1000 * MS
     assert len(finish_order(driver.take_events())) == 60
@@ -609,12 +612,14 @@ def test_set_callback_rejects_bad_arguments(make: Callable[..., SimulatedDriver]
         (lambda d, m: d.inject_fault(-3), IllegalArgumentError, "work_id"),
         (lambda d, m: d.advance(-1), IllegalArgumentError, "us must be within"),
         (
-            lambda d, m: d.add_periodic(m, uid=1, cost_cycles=1, period_us=0, count=1),
+            lambda d, m: d.add_periodic(m, Job(uid=1), cost_cycles=1, period_us=0, count=1),
             IllegalArgumentError,
             "period_us",
         ),
         (
-            lambda d, m: d.add_periodic(m, uid=1, cost_cycles=1, period_us=1, count=1, start_us=-1),
+            lambda d, m: d.add_periodic(
+                m, Job(uid=1), cost_cycles=1, period_us=1, count=1, start_us=-1
+            ),
             IllegalArgumentError,
             "start_us",
         ),

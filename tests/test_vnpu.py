@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from npumanager import EndReason, StartReason, ThermalSeverity, load_plugins
 from npumanager.core.driver.events import NO_REASON, EventKind, WorkEvent
+from npumanager.core.driver.job import Job
 from npumanager.errors import DriverClosedError, IllegalArgumentError
 from npumanager.schemas import DriverCapability
 from npumanager.schemas.device import DeviceSpec, ThermalSpec
@@ -492,7 +493,7 @@ def test_advance_stops_when_the_queue_is_full_and_loses_nothing() -> None:
 def test_a_tiny_event_capacity_changes_nothing_observable() -> None:
     def run(driver: Any) -> list[WorkEvent]:
         model = driver.load_model(0, weight_bytes=1)
-        driver.add_periodic(model, uid=3, cost_cycles=250, period_us=100, count=30, burst=3)
+        driver.add_periodic(model, Job(uid=3), cost_cycles=250, period_us=100, count=30, burst=3)
         driver.submit(model, uid=0, cost_cycles=5_000, job_priority=0)
         driver.run_until_idle()
         events: list[WorkEvent] = driver.take_events()
@@ -665,7 +666,7 @@ def test_a_reader_that_does_not_drain_holds_the_workers_up(real: Any) -> None:
     capacity = 8
     driver = real([DeviceSpec(channels=1, clock_mhz=1)], event_capacity=capacity)
     model = driver.load_model(0, weight_bytes=1)
-    driver.add_periodic(model, uid=1, cost_cycles=10, period_us=50, count=200)
+    driver.add_periodic(model, Job(uid=1), cost_cycles=10, period_us=50, count=200)
     deadline = time.monotonic() + HANG_GUARD_S
     while driver.stalls == 0:
         assert time.monotonic() < deadline

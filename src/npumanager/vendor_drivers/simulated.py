@@ -16,6 +16,7 @@ from typing import Any
 from npumanager.checks import GroupId, check_device, check_int, group_bytes
 from npumanager.core.driver.contract import Driver, DriverBase
 from npumanager.core.driver.events import WorkEvent
+from npumanager.core.driver.job import Arrivals, Job
 from npumanager.errors import DriverClosedError, IllegalArgumentError
 from npumanager.schemas import EndReason, SchedulingConfig
 from npumanager.schemas.device import DeviceDescription, DeviceSpec, DeviceStatus
@@ -96,22 +97,9 @@ class Engine(ABC):
         """Queue one job on the model's device and return its work id (REQUESTED now)."""
 
     @abstractmethod
-    def add_periodic(
-        self,
-        model: int,
-        uid: int,
-        original_uid: int,
-        job_priority: int,
-        cost_cycles: int,
-        period_us: int,
-        start_us: int,
-        count: int,
-        burst: int,
-        group_id: bytes | None,
-        feature_id: str | None,
-        debug_pid: int,
-    ) -> None:
-        """Arrivals made inside the device: ``burst`` jobs every ``period_us`` from ``start_us``."""
+    def add_periodic(self, model: int, job: Job, cost_cycles: int, arrivals: Arrivals) -> None:
+        """Arrivals made inside the device of ``job`` (checked: its original uid resolved,
+        its group as bytes), each of ``cost_cycles``."""
 
     @abstractmethod
     def end_work(self, work_id: int, reason: EndReason) -> None:
@@ -252,35 +240,37 @@ class EngineDriver(DriverBase):
     def add_periodic(
         self,
         model: int,
+        job: Job,
         *,
-        uid: int,
         cost_cycles: int,
         period_us: int,
         count: int,
         start_us: int | None = None,
         burst: int = 1,
-        job_priority: int = MIN_PRIORITY,
-        original_uid: int | None = None,
-        group_id: GroupId | None = None,
-        feature_id: str | None = None,
-        debug_pid: int = 0,
     ) -> None:
-        """Arrivals generated inside the device: ``burst`` jobs every ``period_us``, ``count``
-        times."""
+        """Arrivals of ``job`` generated inside the device: ``burst`` jobs every
+        ``period_us``, ``count`` times, each of ``cost_cycles``."""
         self._open()
-        job = _job(model, uid, original_uid, job_priority, cost_cycles)
+        model, uid, original, priority, cost = _job(
+            model, job.uid, job.original_uid, job.job_priority, cost_cycles
+        )
         now = self.now_us
         start = now if start_us is None else check_int("start_us", start_us, now, MAX_PERIODIC_US)
-        self.engine.add_periodic(
-            *job,
+        checked = Job(
+            uid,
+            priority,
+            original,
+            group_bytes(job.group_id),
+            self._feature(job.feature_id),
+            check_int("debug_pid", job.debug_pid, INT32_MIN, INT32_MAX),
+        )
+        arrivals = Arrivals(
             check_int("period_us", period_us, 1, MAX_PERIODIC_US),
             start,
             check_int("count", count, 1, INT32_MAX),
             check_int("burst", burst, 1, MAX_BURST),
-            group_bytes(group_id),
-            self._feature(feature_id),
-            check_int("debug_pid", debug_pid, INT32_MIN, INT32_MAX),
         )
+        self.engine.add_periodic(model, checked, cost, arrivals)
 
     def cancel(self, work_id: int) -> None:
         """The client cancels live work: it ends CANCELLED_USER now."""

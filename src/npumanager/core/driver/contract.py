@@ -196,8 +196,8 @@ class WorkHandle(Protocol):
 
     work_id: int
     inline: object
-    """Set while work submitted `~WorkMode.INLINE` holds a channel it has not run on yet
-    (None otherwise): ``run_admitted`` runs it."""
+    """Set while work submitted `~npumanager.core.driver.job.WorkMode.INLINE` holds a
+    channel it has not run on yet (None otherwise): ``run_admitted`` runs it."""
 
     def result(self, timeout: float | None = None) -> list[Any]:
         """The outputs; raises if the work failed, was cancelled, or ``timeout`` passed."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from npumanager.checks import GroupId
 from npumanager.schemas.limits import MIN_PRIORITY
@@ -37,3 +38,13 @@ class WorkMode(enum.Flag):
     SYNC = enum.auto()
     """With ``INLINE``: only the calling thread waits, with ``outputs`` and no timeout, so
     work it runs itself needs no future other threads could wait on."""
+
+
+class Arrivals(NamedTuple):
+    """Periodic arrivals made inside a simulated device: ``burst`` jobs every
+    ``period_us`` from ``start_us``, ``times`` times."""
+
+    period_us: int
+    start_us: int
+    times: int
+    burst: int

@@ -49,7 +49,7 @@ NEVER = SIMULATION_HORIZON_US
 
 
 @dataclass(eq=False, slots=True)
-class Job:
+class ScheduledJob:
     """What the scheduler knows of one job; a driver's own work record may extend it."""
 
     id: int
@@ -66,7 +66,7 @@ class Job:
         return (self.effective_priority, self.id)
 
 
-J = TypeVar("J", bound=Job)
+J = TypeVar("J", bound=ScheduledJob)
 
 
 @dataclass(eq=False, slots=True)

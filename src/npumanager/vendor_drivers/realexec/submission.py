@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from npumanager.checks import GroupId, check_int, group_bytes
+from npumanager.checks import check_int, group_bytes
 from npumanager.core.driver.events import NO_REASON
 from npumanager.core.driver.job import Job, WorkMode
 from npumanager.errors import IllegalArgumentError, UnknownModelError
@@ -45,6 +45,8 @@ from npumanager.vendor_drivers.realexec.work import (
     priority_and_permission,
 )
 
+_JOB_DETAILS = frozenset({"job_priority", "original_uid", "group_id", "feature_id", "debug_pid"})
+
 
 class Submission(Channels):
     """Submitting inferences: queued for the workers, or run inline by the caller."""
@@ -56,15 +58,20 @@ class Submission(Channels):
         uid: int,
         cost_cycles: int | None = None,
         inputs: Mapping[str, Any] | None = None,
-        job_priority: int = MIN_PRIORITY,
-        original_uid: int | None = None,
-        group_id: GroupId | None = None,
-        feature_id: str | None = None,
-        debug_pid: int = 0,
+        **details: Any,
     ) -> int:
-        """Queue one inference with ``inputs`` (by name); its work id. Outputs: ``result``."""
-        job = Job(uid, job_priority, original_uid, group_id, feature_id, debug_pid)
-        return self.submit_future(model, job, inputs, cost_cycles=cost_cycles, keep=True).work_id
+        """Queue one inference with ``inputs`` (by name); its work id. Outputs: ``result``.
+        ``details`` are the rest of its `Job` (``job_priority``, ``original_uid``,
+        ``group_id``, ``feature_id``, ``debug_pid``), as the `Driver` contract names them."""
+        unknown = sorted(set(details) - _JOB_DETAILS)
+        if unknown:
+            raise IllegalArgumentError(
+                f"submit takes no {', '.join(unknown)}; a job's details are "
+                f"{', '.join(sorted(_JOB_DETAILS))}"
+            )
+        return self.submit_future(
+            model, Job(uid, **details), inputs, cost_cycles=cost_cycles, keep=True
+        ).work_id
 
     def submit_future(
         self,

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from npumanager.core.driver.scheduler import Job
+from npumanager.core.driver.scheduler import ScheduledJob
 from npumanager.schemas import SchedulingConfig
 from npumanager.schemas.limits import REAL_UNKNOWN_CONFIGS_KEPT, UNKNOWN_UID_PRIORITY
 from npumanager.vendor_drivers.realexec.session import Call, Session
@@ -194,7 +194,7 @@ class SyncOutcome:
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
-class Work(Job):
+class Work(ScheduledJob):
     """One live inference."""
 
     model: int

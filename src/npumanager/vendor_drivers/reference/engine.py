@@ -41,7 +41,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from npumanager.core.driver.events import NO_REASON, EventKind, WorkEvent
-from npumanager.core.driver.scheduler import DeviceScheduler, Job
+from npumanager.core.driver.job import Arrivals, Job
+from npumanager.core.driver.scheduler import DeviceScheduler, ScheduledJob
 from npumanager.errors import (
     CapacityError,
     UnknownDeviceError,
@@ -66,7 +67,7 @@ def default_config(uid: int) -> SchedulingConfig:
 
 
 @dataclass(eq=False, kw_only=True)
-class Work(Job):
+class Work(ScheduledJob):
     """One live piece of work."""
 
     model: int
@@ -94,20 +95,15 @@ class Model:
 
 @dataclass(eq=False)
 class Generator:
-    """Periodic arrivals: `burst` jobs every `period_us`, `count` times."""
+    """Periodic arrivals: `burst` jobs of `job` every `period_us`, `count` times."""
 
     model: int
-    uid: int
-    original_uid: int
-    job_priority: int
+    job: Job
     cost_cycles: int
     period_us: int
     next_us: int
     remaining: int
     burst: int
-    group_id: bytes | None
-    feature_id: str | None
-    debug_pid: int
 
 
 @dataclass(eq=False)
@@ -227,52 +223,14 @@ class ReferenceEngine(Engine):
     ) -> int:
         """Queue one job now; returns its id (a denied job ends FAILED at once)."""
         found = self._model(model)
-        return self._arrive(
-            self.devices[found.device],
-            model,
-            uid,
-            original_uid,
-            job_priority,
-            cost_cycles,
-            group_id,
-            feature_id,
-            debug_pid,
-            self.clock_us,
-        )
+        job = Job(uid, job_priority, original_uid, group_id, feature_id, debug_pid)
+        return self._arrive(self.devices[found.device], model, job, cost_cycles, self.clock_us)
 
-    def add_periodic(
-        self,
-        model: int,
-        uid: int,
-        original_uid: int,
-        job_priority: int,
-        cost_cycles: int,
-        period_us: int,
-        start_us: int,
-        count: int,
-        burst: int,
-        group_id: bytes | None,
-        feature_id: str | None,
-        debug_pid: int,
-    ) -> None:
+    def add_periodic(self, model: int, job: Job, cost_cycles: int, arrivals: Arrivals) -> None:
         """Register periodic arrivals on the model's device."""
         dev = self.devices[self._model(model).device]
-        dev.generators.append(
-            Generator(
-                model,
-                uid,
-                original_uid,
-                job_priority,
-                cost_cycles,
-                period_us,
-                start_us,
-                count,
-                burst,
-                group_id,
-                feature_id,
-                debug_pid,
-            )
-        )
+        period, start, count, burst = arrivals
+        dev.generators.append(Generator(model, job, cost_cycles, period, start, count, burst))
         dev.dirty = True
 
     def end_work(self, work_id: int, reason: EndReason) -> None:
@@ -417,36 +375,16 @@ class ReferenceEngine(Engine):
 
     def _fire(self, dev: Device, gen: Generator, t: int) -> None:
         for _ in range(gen.burst):
-            self._arrive(
-                dev,
-                gen.model,
-                gen.uid,
-                gen.original_uid,
-                gen.job_priority,
-                gen.cost_cycles,
-                gen.group_id,
-                gen.feature_id,
-                gen.debug_pid,
-                t,
-            )
+            self._arrive(dev, gen.model, gen.job, gen.cost_cycles, t)
         gen.remaining -= 1
         gen.next_us += gen.period_us
         if gen.remaining == 0:
             dev.generators.remove(gen)
 
-    def _arrive(
-        self,
-        dev: Device,
-        model: int,
-        uid: int,
-        original_uid: int,
-        job_priority: int,
-        cost_cycles: int,
-        group_id: bytes | None,
-        feature_id: str | None,
-        debug_pid: int,
-        t: int,
-    ) -> int:
+    def _arrive(self, dev: Device, model: int, job: Job, cost_cycles: int, t: int) -> int:
+        uid, job_priority = job.uid, job.job_priority
+        original_uid = uid if job.original_uid is None else job.original_uid
+        group_id = job.group_id if isinstance(job.group_id, bytes) else None
         work = Work(
             id=self.next_work_id,
             model=model,
@@ -457,8 +395,8 @@ class ReferenceEngine(Engine):
             effective_priority=self._effective(uid, original_uid, job_priority),
             remaining_cc=cost_cycles * CENTI,
             group_id=group_id,
-            feature_id=feature_id,
-            debug_pid=debug_pid,
+            feature_id=job.feature_id,
+            debug_pid=job.debug_pid,
         )
         self.next_work_id += 1
         self._event(EventKind.REQUESTED, NO_REASON, work, t)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from npumanager.core.driver.events import WorkEvent
+from npumanager.core.driver.job import Arrivals, Job
 from npumanager.errors import (
     CapacityError,
     DriverClosedError,
@@ -334,36 +335,24 @@ class VnpuEngine(Engine):
             self._model_fail(rc, model, "submit")
         return int(self._i64[0])
 
-    def add_periodic(
-        self,
-        model: int,
-        uid: int,
-        original_uid: int,
-        job_priority: int,
-        cost_cycles: int,
-        period_us: int,
-        start_us: int,
-        count: int,
-        burst: int,
-        group_id: bytes | None,
-        feature_id: str | None,
-        debug_pid: int,
-    ) -> None:
+    def add_periodic(self, model: int, job: Job, cost_cycles: int, arrivals: Arrivals) -> None:
         """Register periodic arrivals on the model's device."""
+        assert job.original_uid is not None
+        group = job.group_id if isinstance(job.group_id, bytes) or job.group_id is None else None
         rc = lib.vnpu_add_periodic(
             self._h,
             model,
-            uid,
-            original_uid,
-            job_priority,
+            job.uid,
+            job.original_uid,
+            job.job_priority,
             cost_cycles,
-            period_us,
-            start_us,
-            count,
-            burst,
-            self._group(group_id),
-            self._feature(feature_id),
-            debug_pid,
+            arrivals.period_us,
+            arrivals.start_us,
+            arrivals.times,
+            arrivals.burst,
+            self._group(group),
+            self._feature(job.feature_id),
+            job.debug_pid,
         )
         if rc != lib.VNPU_OK:
             self._model_fail(rc, model, "add_periodic")
