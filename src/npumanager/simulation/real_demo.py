@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from npumanager.core.driver.contract import TimedWork
+from npumanager.core.driver.job import Job
 from npumanager.core.plugins.registry import PluginRegistry
 from npumanager.core.service.service import Service
 from npumanager.errors import NpuManagerError
@@ -121,7 +122,7 @@ def run_direct(plan: Plan) -> dict[str, Any]:
             feeds = plan.inputs[app.name]
             runner = Runner(
                 run=_bind(driver.run_inference, handle, app.uid, feeds),
-                submit=_bind(driver.submit_future, handle, app.uid, feeds),
+                submit=_submitter(driver, handle, app.uid, feeds),
             )
             bodies.append((app, _worker(app, runner, scores[app.name])))
         t0 = time.perf_counter()  # once every app's model is loaded, as in the managed run
@@ -207,6 +208,11 @@ def _importance_changes(svc: Service, plan: Plan, t0: float) -> None:
 
 def _bind(method: Any, handle: int, uid: int, feeds: dict[str, Any]) -> Any:
     return lambda: method(handle, uid=uid, inputs=feeds)
+
+
+def _submitter(driver: Any, handle: int, uid: int, feeds: dict[str, Any]) -> Any:
+    job = Job(uid)
+    return lambda: driver.submit_future(handle, job, feeds)
 
 
 def _worker(app: App, runner: Runner, score: AppScore) -> Any:

@@ -217,7 +217,7 @@ class Submission(Channels):
         return self.outputs(future, timeout)
 
     def run_admitted(self, future: WorkFuture | SyncOutcome) -> None:
-        """Run work that `submit_future(inline=True)` put on a channel here, on the calling
+        """Run work submitted `WorkMode.INLINE` that took a channel here, on the calling
         thread, and end it as it went (its future says how); nothing if it took none."""
         work, future.inline = future.inline, None
         if work is not None:

@@ -119,7 +119,7 @@ class WorkFuture(Future[list[np.ndarray]]):
 
 
 class SyncOutcome:
-    """How work ended that only its submitting thread waits for (`submit_future(sync=True)`,
+    """How work ended that only its submitting thread waits for (`WorkMode.SYNC` work,
     then `outputs` with no timeout): what a `WorkFuture` records, without the lock and
     condition that let other threads wait on one."""
 
