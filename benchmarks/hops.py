@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import tempfile
 import threading
@@ -32,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from _report import Progress, Target, print_report  # beside this script
 
 import npumanager as npu
 
@@ -193,36 +194,39 @@ def over_daemon(tries: int, executor: Any) -> dict[str, Any]:
         service.close()
 
 
+TARGETS = [
+    Target(
+        "daemon.hops", "<=", TARGET_DAEMON_HOPS, why="issue 28: one load request over the daemon"
+    ),
+]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--tries", type=int, default=7)
-    parser.add_argument("--path", action="store_true", help="print the fewest run's path")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--quick", action="store_true", help="two tries of each")
+    parser.add_argument("--tries", type=int, default=7, help="requests of each, fewest kept")
+    parser.add_argument("--path", action="store_true", help="print the fewest run's calls")
     args = parser.parse_args(argv)
-    results = {
-        "in_process": in_process(args.tries, run_inline),
-        "in_process_dispatch": in_process(args.tries, None),
-        "daemon": over_daemon(args.tries, run_inline),
-        "daemon_dispatch": over_daemon(args.tries, None),
+    tries = 2 if args.quick else args.tries
+    runs: dict[str, Callable[[], dict[str, Any]]] = {
+        "in_process": lambda: in_process(tries, run_inline),
+        "in_process_dispatch": lambda: in_process(tries, None),
+        "daemon": lambda: over_daemon(tries, run_inline),
+        "daemon_dispatch": lambda: over_daemon(tries, None),
     }
-    if args.json:
-        print(json.dumps(results, indent=2))
-        return 0
-    print(f"{'path':<22} {'hops':>5} {'crossings':>10} {'hand-offs':>10} {'module calls':>13}")
-    for name, result in results.items():
-        print(
-            f"{name:<22} {result['hops']:>5} {result['component_crossings']:>10} "
-            f"{result['thread_handoffs']:>10} {result['module_calls']:>13}"
-        )
-    met = results["daemon"]["hops"] <= TARGET_DAEMON_HOPS
-    print(
-        f"target: over the daemon at most {TARGET_DAEMON_HOPS} hops: "
-        f"{results['daemon']['hops']} ({'met' if met else 'missed'})"
-    )
-    if args.path:
-        for name, result in results.items():
+    progress = Progress("hops", len(runs))
+    results: dict[str, Any] = {}
+    for name, run in runs.items():
+        progress.step(name.replace("_", " "))
+        results[name] = run()
+    progress.done()
+    paths = {name: result.pop("path") for name, result in results.items()}
+    print_report(results, TARGETS, as_json=args.json)
+    if args.path and not args.json:
+        for name, path in paths.items():
             print(f"\n{name}:")
-            for line in result["path"]:
+            for line in path:
                 print(f"  {line}")
     return 0
 

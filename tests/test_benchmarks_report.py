@@ -25,6 +25,7 @@ SCRIPTS = [
     "admission",
     "daemon_attacks",
     "fairness",
+    "hops",
     "ipc",
     "ipc_inference",
     "telemetry",
