@@ -87,7 +87,49 @@ def test_a_run_goes_over_the_lane_on_its_thread_or_the_workers_by_the_apps_band(
     assert cached["inferences_inline"] == after["inferences_inline"]
     timed = foreground.ok("real_run", id=1, rows=4, value=0.5, run_timeout=30)
     assert timed == in_process_digest(4, 0.5)
-    assert counters(daemon)["inferences_on_lane"] == cached["inferences_on_lane"], "a timeout"
+    assert counters(daemon)["inferences_on_lane"] == cached["inferences_on_lane"] + 1, "timed"
+
+
+def test_a_run_past_its_timeout_is_cancelled_on_the_lane_and_the_lane_goes_on(
+    start_onnxruntime: Callable[..., DaemonProcess], socket_dir: Path, model_file: Path
+) -> None:
+    events = socket_dir / "events.jsonl"
+    sink = f"jsonl:path={events},debounce_duration_ms=10"
+    daemon, foreground, _ = apps_in_front(lambda: start_onnxruntime("--sink", sink), model_file)
+    before = counters(daemon)
+    timed_out = foreground.send("real_run", id=1, rows=LONG_ROWS, run_timeout=0.05)
+    assert timed_out.get("error") == "TimeoutError", timed_out
+    assert "cancelled" in timed_out["message"]
+    after = counters(daemon)
+    assert after["inferences_on_lane"] == before["inferences_on_lane"] + 1, "over the lane"
+    assert after["lanes_opened"] == before["lanes_opened"] + 1
+
+    def ended() -> list[dict[str, Any]]:
+        lines = events.read_text().splitlines() if events.exists() else []
+        return [
+            e
+            for e in map(json.loads, lines)
+            if e.get("kind") == "ENDED" and e.get("uid") == FOREGROUND_UID
+        ]
+
+    wait_for(lambda: bool(ended()))
+    assert [e["reason"] for e in ended()] == ["CANCELLED_USER"], "cancelled, not run out"
+    assert info(daemon)["devices"][0]["running"] == 0
+    assert foreground.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+    assert counters(daemon)["inferences_on_lane"] == after["inferences_on_lane"] + 1
+    assert counters(daemon)["lanes_opened"] == after["lanes_opened"], "the same lane"
+
+
+def test_cancel_lane_says_whether_the_lane_was_running_and_needs_a_lane(
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon = start_onnxruntime()
+    raw = RawApp(daemon)
+    daemon.children.append(raw)  # type: ignore[attr-defined]
+    with pytest.raises(npu.UnknownWorkError, match="this connection has no lane"):
+        raw.client.call(p.CancelLane)
+    RawLane(raw)
+    assert raw.client.call(p.CancelLane) == {"cancelled": False}
 
 
 class RawLane:

@@ -4,9 +4,10 @@ the shared segment, each inference a future of its outputs.
 `LoadedModel.run` and `submit` call this through the `DaemonClient`, exactly as they call
 the in-process backend: inputs are written into a region of the segment, a small frame
 names them, and the daemon's `WorkEnded` frame says where the outputs are; they are copied
-out (numpy arrays the caller owns) and the region is given back. `run` without a timeout
-goes over the connection's lane when it has one (`daemon.client.lane`): the same region, a
-binary frame, and the reply read by the caller itself.
+out (numpy arrays the caller owns) and the region is given back. `run` goes over the
+connection's lane when it has one (`daemon.client.lane`): the same region, a binary
+frame, and the reply read by the caller itself; a timeout is the caller's, who cancels
+the lane's inference (`cancel_lane`) when it runs out.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import logging
 import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
@@ -236,11 +238,13 @@ class RemoteInference:
         timeout: float | None,
     ) -> list[np.ndarray]:
         """One inference's outputs; after `timeout` seconds it is cancelled and
-        `TimeoutError` raised. Without a timeout it goes over the lane when it is free."""
-        lane = self.lane() if timeout is None else None
+        `TimeoutError` raised. It goes over the lane while the lane is free (a concurrent
+        caller's run takes the connection, as `submit` does)."""
+        lane = self.lane()
         if lane is not None:
+            deadline = None if timeout is None else time.monotonic() + timeout
             try:
-                outputs = self._run_on_lane(lane, model, inputs, job_priority)
+                outputs = self._run_on_lane(lane, model, inputs, job_priority, deadline)
             finally:
                 lane.give_back()
             if outputs is not None:
@@ -253,7 +257,12 @@ class RemoteInference:
             raise TimeoutError(f"work {future.work_id} did not end within {timeout} s") from None
 
     def _run_on_lane(
-        self, lane: ClientLane, model: LoadedModel, inputs: Mapping[str, Any], job_priority: int
+        self,
+        lane: ClientLane,
+        model: LoadedModel,
+        inputs: Mapping[str, Any],
+        job_priority: int,
+        deadline: float | None,
     ) -> list[np.ndarray] | None:
         """The run over the lane; None if its frame would be over the lane's limit."""
         arrays = client_tensors.arrays(inputs)
@@ -269,7 +278,8 @@ class RemoteInference:
         ):
             for place, index in sent.copies:
                 np.copyto(place, arrays[index][2])
-            return self._lane_reply(lane, lane.exchange(sent.frame), model.handle, segment)
+            reply = lane.exchange(sent.frame, deadline, self._cancel_lane)
+            return self._lane_reply(lane, reply, model.handle, segment)
         lane.sent = None
         places, in_size = client_tensors.placement(segment, arrays, spots)
         room = max(in_size, self._out_bytes.get(model.handle, _DEFAULT_OUT_BYTES))
@@ -284,12 +294,20 @@ class RemoteInference:
             if not in_place
         ]
         lane.sent = Sent(key, base, room, request, copies)
-        return self._lane_reply(lane, lane.exchange(request), model.handle, segment)
+        reply = lane.exchange(request, deadline, self._cancel_lane)
+        return self._lane_reply(lane, reply, model.handle, segment)
 
     def _lane_reply(
-        self, lane: ClientLane, reply: Reply, model: int, segment: ClientSegment
+        self,
+        lane: ClientLane,
+        reply: Reply,
+        model: int,
+        segment: ClientSegment,
     ) -> list[np.ndarray]:
-        """The outputs of a lane reply, fetched first when the daemon held them."""
+        """The outputs of a lane reply, fetched first when the daemon held them;
+        `TimeoutError` when the reply came past the deadline (the run was cancelled)."""
+        if lane.late:
+            raise TimeoutError(f"work {reply.work_id} did not end within its timeout; cancelled")
         if reply.status == Status.HELD:
             need = reply.held_bytes
             self._out_bytes[model] = max(self._out_bytes.get(model, 0), need)
@@ -315,6 +333,10 @@ class RemoteInference:
         if reply.status == Status.REFUSED:
             raise self._wire.refusal_class(reply.kind)(reply.message)
         raise self._wire.error_class(reply.kind)(reply.message or "the inference failed")
+
+    def _cancel_lane(self) -> None:
+        """Cancel the inference the lane is running (its run is past its deadline)."""
+        self._wire.call(p.CancelLane)
 
     def cancel(self, model: int, work_id: int) -> None:
         """Cancel one of this client's inferences in the daemon."""

@@ -6,6 +6,10 @@ uses the lane at a time; a second caller meanwhile, a run with a timeout and `su
 take the connection's own path. A lane interrupted mid-exchange (a signal, a dropped
 daemon) is closed for good, and the connection's path serves from then on.
 
+A run with a timeout goes over the lane too: when its reply has not come by the deadline,
+`exchange` calls its `on_late` (the client sends `cancel_lane` on the connection), then
+waits for the reply the cancel brings, and marks the exchange `late`.
+
 A thread asleep in `recv` takes a while to wake when the reply comes, longest where the
 core it slept on went idle (a virtual machine's core is handed back to the host). So while
 the lane's replies come within `spin_us` (a running mean of the waits), the caller polls
@@ -22,9 +26,11 @@ are made and decoded once, not at every run.
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -80,6 +86,8 @@ class ClientLane:
         self.sent: Sent | None = None
         self.answered: Answered | None = None
         self.open = True
+        self.late = False
+        """True when the last exchange's reply came after its deadline (it was cancelled)."""
 
     def try_take(self) -> bool:
         """Take the lane for one run: False if it is closed or another thread has it."""
@@ -99,10 +107,21 @@ class ClientLane:
             self._region = (segment.allocate(nbytes, timeout), aligned(nbytes))
         return self._region[0]
 
-    def exchange(self, frame: bytes) -> Reply:
-        """Send one request and read its reply (the lane taken)."""
+    def exchange(
+        self,
+        frame: bytes,
+        deadline: float | None = None,
+        on_late: Callable[[], None] | None = None,
+    ) -> Reply:
+        """Send one request and read its reply (the lane taken); past `deadline` (a
+        `time.monotonic` instant) `on_late` is called once and the reply still awaited."""
+        self.late = False
         try:
             self._sock.sendall(frame)
+            if deadline is not None and not self._ready_by(deadline):
+                self.late = True
+                if on_late is not None:
+                    on_late()
             size, flags = self._receive()
         except OSError:
             self.close()
@@ -138,6 +157,17 @@ class ClientLane:
             head, tail = bytes(buffer[:at]), bytes(buffer[at + 8 : size])
             self.answered = Answered(head, tail, reply, [])
         return reply
+
+    def _ready_by(self, deadline: float) -> bool:
+        """Wait until the reply is there (True) or `deadline` has passed (False)."""
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN)
+        while True:
+            left = deadline - time.monotonic()
+            if poller.poll(max(0, int(left * 1000) + 1)):
+                return True
+            if left <= 0:
+                return False
 
     def _receive(self) -> tuple[int, int]:
         """The reply's size and flags: polled for while replies come quickly, else slept for."""

@@ -47,6 +47,9 @@ class Outlet(Protocol):
 class LaneEnd(Protocol):
     """A connection's inference lane (`daemon.lane.Lane`), as the connection sees it."""
 
+    def cancel(self) -> bool:
+        """Cancel the inference the lane is running: False if it runs none."""
+
     def close(self) -> None:
         """Shut the lane: its thread finishes."""
 

@@ -85,6 +85,7 @@ class InferenceCalls:
             p.CancelInference: self.on_cancel_infer,
             p.FetchResult: self.on_fetch,
             p.OpenLane: self.on_open_lane,
+            p.CancelLane: self.on_cancel_lane,
         }
 
     def on_attach(self, connection: Connection, message: p.Attach) -> None:
@@ -105,6 +106,11 @@ class InferenceCalls:
         connection.lane = lane
         lane.start()
         self.stats.lanes_opened += 1
+
+    def on_cancel_lane(self, connection: Connection, _: p.CancelLane) -> dict[str, Any]:
+        if connection.lane is None:
+            raise UnknownWorkError("this connection has no lane")
+        return {"cancelled": connection.lane.cancel()}
 
     def on_load_real(self, connection: Connection, message: p.LoadRealModel) -> NoReply:
         """Check the call here, then read and open the model on the loader thread (that

@@ -152,6 +152,9 @@ class Lane:
         self._seen: Seen | None = None
         """The model of the last request, by handle and the request it is loaded under."""
         self._wrote: Wrote | None = None
+        self._running: tuple[LoadedModel, int] | None = None
+        """The model and work the lane waits for, while it waits (for `cancel`)."""
+        self._running_lock = threading.Lock()
         self._thread = threading.Thread(
             target=self._serve, name=f"npu-lane-{connection.peer.uid}", daemon=True
         )
@@ -159,6 +162,18 @@ class Lane:
     def start(self) -> None:
         """Serve the lane on its own thread until it or its connection closes."""
         self._thread.start()
+
+    def cancel(self) -> bool:
+        """Cancel the inference the lane is running: False if it runs none (it ended)."""
+        with self._running_lock:
+            running = self._running
+            if running is None:
+                return False
+            try:
+                self._backend.cancel_work(*running)
+            except UnknownWorkError:
+                return False
+            return True
 
     def close(self) -> None:
         """Wake the lane's thread for it to finish (it closes the socket itself)."""
@@ -242,6 +257,8 @@ class Lane:
             stats.inferences_to_workers += 1
         del feeds, connection
         self._held = None
+        with self._running_lock:
+            self._running = (model, work.work_id)
         try:
             outputs = self._backend.outputs(work)
         except CancelledError:
@@ -251,6 +268,9 @@ class Lane:
             return encode_reply(
                 Status.FAILED, work.work_id, kind=type(exc).__name__, message=str(exc)
             )
+        finally:
+            with self._running_lock:
+                self._running = None
         return self._placed(segment, request, outputs, work.work_id)
 
     def _model(self, connection: Connection, handle: int) -> LoadedModel:

@@ -103,6 +103,14 @@ class CancelInference(Call):
     call_seq: NonNegativeInt64
 
 
+class CancelLane(Call):
+    """Cancel the inference the connection's lane is running (`run(timeout=...)` ran out);
+    the lane's reply says how it ended. The result is `{"cancelled": bool}`: false when
+    the lane was running nothing (its inference had ended)."""
+
+    op: Literal["cancel_lane"] = "cancel_lane"
+
+
 class FetchResult(Call):
     """Write the outputs the daemon held for inference `call_seq` (too large for its region)
     into `out`; the reply's result is `{"outputs": [Tensor, ...]}`."""

@@ -37,6 +37,7 @@ from npumanager.daemon.wire.base import (
 from npumanager.daemon.wire.inference import (
     Attach,
     CancelInference,
+    CancelLane,
     FetchResult,
     Infer,
     LoadRealModel,
@@ -66,6 +67,7 @@ __all__ = [
     "Attach",
     "Call",
     "CancelInference",
+    "CancelLane",
     "CancelLoad",
     "CancelWork",
     "ClientMessage",
@@ -238,7 +240,8 @@ ClientMessage = Annotated[
     | Infer
     | CancelInference
     | FetchResult
-    | OpenLane,
+    | OpenLane
+    | CancelLane,
     Field(discriminator="op"),
 ]
 
