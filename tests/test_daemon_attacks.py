@@ -655,3 +655,154 @@ def test_models_are_counted_per_uid_across_its_connections_from_the_services_rec
     second.event("complete", 1)
     first.ok("load_more", id=1, weight_bytes=MIB)
     assert admin_info(daemon)["devices"][0]["models_loaded"] == 2
+
+
+# 13. Loads are bounded ---------------------------------------------------------------------
+
+
+def test_a_flood_of_loads_is_bounded_per_connection_and_its_descriptors_come_back(
+    serve: Callable[..., DaemonProcess],
+    attackers: list[Attacker],
+    apps: list[Child],
+    model_file: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """10,000 load frames, each re-sending one descriptor, without waiting: at most
+    `MAX_LOADS_PER_CONNECTION` wait at a time, the rest are refused at once with their
+    descriptors closed, and everything comes back when the client goes."""
+    pytest.importorskip("onnxruntime")
+    daemon = serve("--driver", "onnxruntime")
+    for _ in range(2):  # the runtime's own memory is in the baseline, and its arenas warm
+        warm = Child(daemon.socket, BACKGROUND_UID)
+        warm.ok("request", id=1, size=0)
+        assert warm.event("decision", 1)["status"] == CAN_LOAD_NOW
+        warm.ok("real_load", id=1, path=str(model_file))
+        warm.close()
+    start = baseline(daemon, apps)
+    monkeypatch.setenv("NPU_ATTACK_MODEL", str(model_file))
+    flood = attack(attackers, daemon, "load_flood", 10_000, timeout=600)
+    replies = flood.report["replies"]
+    assert sum(n for kind, n in replies.items() if kind != "in_flight_refusals") == 10_000
+    assert replies.get("in_flight_refusals", 0) > 0, replies
+    assert replies.get("DaemonError", 0) == 0, replies
+    counts = admin_info(daemon)["daemon"]["model_loads"]
+    assert counts == {"queued": 0, "running": 0}, "every load was answered"
+    well_behaved(apps, daemon)
+    flood.close()
+    assert_recovered(daemon, start, apps)
+
+
+def _slow_model(socket_dir: Path) -> Path:
+    """A model the runtime takes seconds to open (256 MiB in a Constant node)."""
+    from helpers.onnx_builders import constant_model
+
+    big = socket_dir / "big.onnx"
+    big.write_bytes(constant_model(256 * MIB).SerializeToString())
+    big.chmod(0o644)
+    return big
+
+
+def _start_load(child: Child, model: Path) -> None:
+    """Grant the child a request and have it load `model`, without waiting for the reply."""
+    child.ok("request", id=1, size=0)
+    assert child.event("decision", 1)["status"] == CAN_LOAD_NOW
+    assert child.process.stdin is not None
+    child.process.stdin.write(json.dumps({"op": "real_load", "id": 1, "path": str(model)}) + "\n")
+    child.process.stdin.flush()
+
+
+def test_sigterm_drops_queued_loads_and_does_not_wait_for_the_one_in_progress(
+    socket_dir: Path, serve: Callable[..., DaemonProcess], apps: list[Child]
+) -> None:
+    """Two clients load a model that takes seconds to open; SIGTERM once one is opening
+    and the other waits: the daemon ends, socket and lock removed, without either."""
+    pytest.importorskip("onnxruntime")
+    big = _slow_model(socket_dir)
+    daemon = serve("--driver", "onnxruntime")
+    for uid in (FOREGROUND_UID, BACKGROUND_UID):
+        child = Child(daemon.socket, uid)
+        apps.append(child)
+        _start_load(child, big)
+    loads = {"queued": 1, "running": 1}
+    assert wait_for(lambda: admin_info(daemon)["daemon"]["model_loads"] == loads, timeout=120)
+    assert daemon.stop(timeout=120) == 0, daemon.log()
+    assert "1 queued model load dropped; the load in progress is not waited for" in daemon.log()
+    assert not daemon.socket.exists() and not list(socket_dir.glob("*.lock"))
+    for child in apps:
+        reply = child.expect(lambda m: m.get("reply") == "real_load", timeout=60)
+        assert reply.get("error") == "DaemonUnavailableError", reply
+
+
+def test_a_dead_clients_queued_load_is_dropped_at_once(
+    socket_dir: Path, serve: Callable[..., DaemonProcess], apps: list[Child]
+) -> None:
+    pytest.importorskip("onnxruntime")
+    big = _slow_model(socket_dir)
+    daemon = serve("--driver", "onnxruntime")
+    opening, waiting = Child(daemon.socket, FOREGROUND_UID), Child(daemon.socket, BACKGROUND_UID)
+    apps += [opening, waiting]
+    for child, loads in ((opening, (0, 1)), (waiting, (1, 1))):
+        _start_load(child, big)
+        expected = dict(zip(("queued", "running"), loads, strict=True))
+        assert wait_for(
+            lambda e=expected: admin_info(daemon)["daemon"]["model_loads"] == e, timeout=120
+        )
+    fds = daemon.open_descriptors()
+    waiting.kill9()
+    assert wait_for(lambda: admin_info(daemon)["daemon"]["loads_dropped"] == 1, timeout=60)
+    assert daemon.open_descriptors() < fds, "its connection and its model's descriptor closed"
+    reply = opening.expect(lambda m: m.get("reply") == "real_load", timeout=120)
+    assert "error" not in reply, reply
+    device = admin_info(daemon)["devices"][0]
+    assert device["models_loaded"] == 1, "the dead client's model was never opened"
+
+
+def test_a_descriptor_that_cannot_be_read_is_the_clients_error_and_logs_nothing(
+    socket_dir: Path, serve: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    """An O_PATH descriptor passes `fstat` as a regular file but cannot be read."""
+    pytest.importorskip("onnxruntime")
+    from npumanager.daemon.wire import protocol as p
+
+    daemon = serve("--driver", "onnxruntime")
+    with npu.DaemonClient(daemon.socket, uses_feature=True) as client:
+        request = npu.ModelLoadRequest.Builder(1).set_size(0).build()
+        with client.manager().reserve(request, timeout_s=30):
+            for _ in range(50):
+                fd = os.open(model_file, os.O_PATH)
+                try:
+                    with pytest.raises(npu.IllegalArgumentError, match="cannot be read"):
+                        client.call(p.LoadRealModel, request_id=1, descriptor=True, fds=[fd])
+                finally:
+                    os.close(fd)
+    assert daemon.stop() == 0
+    assert "Traceback" not in daemon.log() and "internal error" not in daemon.log()
+
+
+def test_accepting_is_time_sliced_a_few_connections_a_turn(socket_dir: Path) -> None:
+    """A storm of connections is accepted `ACCEPTS_PER_TURN` at a time: between two
+    batches the loop serves every client's frames."""
+    from npumanager.daemon.server.server import ACCEPTS_PER_TURN
+
+    service = Service("vnpu", "budget")
+    daemon = Daemon(service, socket_dir / "npu.sock")
+    daemon.bind()
+    clients = []
+    try:
+        for _ in range(2 * ACCEPTS_PER_TURN + 3):
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.connect(str(daemon.socket_path))
+            clients.append(client)
+        assert daemon._binding is not None
+        listener = daemon._binding.listener
+        daemon._accept(listener, 0)
+        assert daemon.stats.accepted == ACCEPTS_PER_TURN
+        daemon._accept(listener, 0)
+        daemon._accept(listener, 0)
+        assert daemon.stats.accepted == 2 * ACCEPTS_PER_TURN + 3
+    finally:
+        for client in clients:
+            client.close()
+        daemon.stop()
+        daemon.serve_forever()
+        service.close()

@@ -210,7 +210,10 @@ def open_file(path: Path, what: str) -> int:
 
 def file_size(fd: int, what: str) -> int:
     """The size of the regular file behind `fd` (`IllegalArgumentError` for anything else)."""
-    info = os.fstat(fd)
+    try:
+        info = os.fstat(fd)
+    except OSError as exc:
+        raise IllegalArgumentError(f"{what} cannot be examined: {exc.strerror}") from None
     if not stat.S_ISREG(info.st_mode):
         raise IllegalArgumentError(f"{what} is not a regular file: send an open file")
     return info.st_size
@@ -236,7 +239,10 @@ def read_span(fd: int, offset: int, length: int, what: str) -> bytes:
         )
     chunks, at = [], offset
     while at < offset + length:
-        chunk = os.pread(fd, min(_READ_CHUNK, offset + length - at), at)
+        try:
+            chunk = os.pread(fd, min(_READ_CHUNK, offset + length - at), at)
+        except OSError as exc:
+            raise IllegalArgumentError(f"{what} cannot be read: {exc.strerror}") from None
         if not chunk:
             raise IllegalArgumentError(f"{what} ended early (it shrank while read)")
         chunks.append(chunk)

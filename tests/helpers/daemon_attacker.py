@@ -12,6 +12,7 @@ import os
 import socket
 import struct
 import sys
+import threading
 import time
 from typing import Any
 
@@ -176,6 +177,40 @@ def flood_info(path: str, count: int, per: int, held: Held, report: Report) -> N
     held.append(sock)
 
 
+def load_flood(path: str, count: int, per: int, held: Held, report: Report) -> None:
+    """Send `count` load_real frames on one connection, each with a descriptor of the model
+    file named by NPU_ATTACK_MODEL, without waiting; count the replies by kind."""
+    sock = connect(path)
+    sock.settimeout(120)
+    sock.sendall(HELLO)
+    read_frame(sock)
+    sock.sendall(frame({"op": "request", "seq": 0, "request": {"id": 1, "size": 0}}))
+    while (message := read_frame(sock)) is not None and message["op"] != "decision":
+        pass
+    model = os.open(os.environ["NPU_ATTACK_MODEL"], os.O_RDONLY)
+    load = frame({"op": "load_real", "seq": 0, "request_id": 1, "descriptor": True})
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", model))]
+    kinds: dict[str, int] = {}
+
+    def read_replies() -> None:
+        for _ in range(count):
+            message = read_frame(sock)
+            assert message is not None, "the daemon closed the connection"
+            kind = message.get("kind", "loaded") if message["op"] == "error" else "loaded"
+            kinds[kind] = kinds.get(kind, 0) + 1
+            if kind == "QuotaExceededError" and "model loads in flight" in message["message"]:
+                kinds["in_flight_refusals"] = kinds.get("in_flight_refusals", 0) + 1
+
+    reader = threading.Thread(target=read_replies)
+    reader.start()
+    for _ in range(count):
+        sock.sendmsg([load], rights)
+    reader.join()
+    os.close(model)
+    report.update(replies=kinds)
+    held.append(sock)
+
+
 ATTACKS = {
     attack.__name__: attack
     for attack in (
@@ -188,6 +223,7 @@ ATTACKS = {
         no_read,
         requests,
         flood_info,
+        load_flood,
     )
 }
 

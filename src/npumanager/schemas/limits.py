@@ -185,6 +185,9 @@ DEFAULT_MAX_INFERENCES_PER_CONNECTION: Final = 256
 one uid cannot fill the driver's live work)."""
 DEFAULT_MAX_MODEL_FILE_BYTES: Final = 2 * GIB
 """The largest model file the daemon reads from a client's descriptor."""
+MAX_LOADS_PER_CONNECTION: Final = 2
+"""Model loads one daemon connection may have queued or running on the daemon's loader
+(each holding at most `MAX_PENDING_DESCRIPTORS` descriptors until it runs)."""
 MAX_PENDING_DESCRIPTORS: Final = 4
 """Descriptors a daemon connection may have sent ahead of the frames that use them."""
 MAX_MODEL_SIDECARS: Final = MAX_PENDING_DESCRIPTORS - 1

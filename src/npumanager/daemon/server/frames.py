@@ -17,6 +17,7 @@ from npumanager.core.service.service import Service
 from npumanager.daemon.server.calls import Handler, NoReply
 from npumanager.daemon.server.connection import Connection
 from npumanager.daemon.server.info import InfoCache
+from npumanager.daemon.server.ratelog import RateLimitedLog
 from npumanager.daemon.server.stats import DaemonStats
 from npumanager.daemon.wire import protocol as p
 from npumanager.daemon.wire.connection import BadCall, Event
@@ -24,6 +25,8 @@ from npumanager.errors import DaemonError, NpuManagerError
 from npumanager.schemas.limits import INT32_MAX, PROTOCOL_VERSION
 
 log = logging.getLogger("npumanager.daemon.server.server")
+_INTERNAL = RateLimitedLog(log)
+"""Internal errors a client's call caused: one line each, rate-limited."""
 
 _CALL_ERRORS = (NpuManagerError, TypeError, ValueError, LookupError, PermissionError)
 
@@ -121,7 +124,7 @@ def call_error(seq: int, exc: Exception, stats: DaemonStats, op: str, uid: int) 
         stats.call_errors += 1
         return p.Error(seq=seq, kind=type(exc).__name__, message=clip(str(exc)))
     stats.internal_errors += 1
-    log.error("internal error handling %s from uid %d", op, uid, exc_info=exc)
+    _INTERNAL.internal_error("internal error handling %s from uid %d", op, uid, exc=exc)
     return p.Error(seq=seq, kind=DaemonError.__name__, message=clip(repr(exc)))
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,8 @@ from npumanager.daemon.server.connection import Connection
 from npumanager.daemon.server.frames import call_error, clip
 from npumanager.daemon.server.lane import Lane, lane_socket
 from npumanager.daemon.server.leadership import Leadership
-from npumanager.daemon.server.segment import SharedSegment, read_model_file
+from npumanager.daemon.server.loader import Loader, close_all
+from npumanager.daemon.server.segment import SharedSegment, model_file_size, read_model_file
 from npumanager.daemon.server.stats import DaemonStats
 from npumanager.daemon.wire import protocol as p
 from npumanager.errors import (
@@ -76,8 +77,8 @@ class InferenceCalls:
         self.max_model_file_bytes = max_model_file_bytes
         self.max_in_flight = max_in_flight
         self.stats = stats
-        self._loader = ThreadPoolExecutor(1, thread_name_prefix="npu-loader")
-        """Opens models off the loop, one at a time."""
+        self._loader = Loader()
+        """Opens models off the loop, one at a time, at most a few per connection."""
         self.handlers: dict[type[p.Call], Handler] = {
             p.Attach: self.on_attach,
             p.LoadRealModel: self.on_load_real,
@@ -134,23 +135,37 @@ class InferenceCalls:
                 )
             request = self.calls.live(connection, message.request_id)
             connection.check_quota("models")
-            model = (
-                None if message.span is None else self._segment(connection).bytes_at(message.span)
-            )
+            limit = self.max_model_file_bytes
+            if fds:
+                model_file_size(fds[0], limit)
+                segment = None
+            else:
+                assert message.span is not None
+                segment = self._segment(connection)
+                segment.check(message.span, "the model's bytes")
+                if message.span.size > limit:
+                    raise CapacityError(
+                        f"the model holds {message.span.size} bytes; this daemon reads at "
+                        f"most {limit} (serve --max-model-mib)"
+                    )
             manager = self.calls.manager_of(connection)
         except BaseException:
-            for fd in fds:
-                os.close(fd)
+            close_all(fds)
             raise
         ref = weakref.ref(connection)
         uid = connection.peer.uid
+        span = message.span
 
         def load() -> None:
             outcome: LoadedModel | Exception
             try:
-                data = model
-                if fds:
-                    data = read_model_file(fds[0], self.max_model_file_bytes)
+                live = ref()
+                if live is None or live.closed:
+                    return  # the client went while its load waited
+                del live
+                data = read_model_file(fds[0], limit) if fds else None
+                if segment is not None and span is not None:
+                    data = segment.bytes_at(span)
                 outcome = self.backend.load_real_model(
                     manager,
                     request,
@@ -162,11 +177,10 @@ class InferenceCalls:
             except Exception as exc:
                 outcome = exc
             finally:
-                for fd in fds:
-                    os.close(fd)
+                close_all(fds)
             self._post(lambda: self._loaded(ref, message.seq, uid, outcome))
 
-        self._loader.submit(load)
+        self._loader.submit(connection, load, lambda: close_all(fds))
         return NO_REPLY
 
     def _loaded(
@@ -192,9 +206,22 @@ class InferenceCalls:
         }
         connection.send(p.Reply(seq=seq, result=result))
 
-    def close(self) -> None:
-        """Stop the loader: a load in progress finishes; none queued starts."""
-        self._loader.shutdown(wait=False, cancel_futures=True)
+    def load_counts(self) -> dict[str, int]:
+        """How many model loads wait and run (`Loader.counts`)."""
+        return self._loader.counts()
+
+    def loads_of(self, connection: Connection) -> int:
+        """The connection's model loads queued or running."""
+        return self._loader.in_flight(connection)
+
+    def forget(self, connection: Connection) -> None:
+        """The connection is gone: its queued loads are dropped with their descriptors."""
+        self.stats.loads_dropped += self._loader.forget(connection)
+
+    def close(self) -> tuple[int, bool]:
+        """Stop the loader: none queued starts, and one in progress is not waited for.
+        Returns how many queued loads were dropped and whether one was in progress."""
+        return self._loader.close()
 
     def on_infer(self, connection: Connection, message: p.Infer) -> dict[str, Any] | NoReply:
         if len(connection.inferences) >= self.max_in_flight and not connection.management:

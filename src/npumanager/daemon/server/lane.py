@@ -42,6 +42,7 @@ from npumanager.core.driver.job import WorkMode
 from npumanager.core.service.service import Service
 from npumanager.daemon.peer import peer_credentials
 from npumanager.daemon.server.frames import call_error
+from npumanager.daemon.server.ratelog import RateLimitedLog
 from npumanager.daemon.server.stats import DaemonStats
 from npumanager.daemon.wire import tensors
 from npumanager.daemon.wire.lane import (
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
     from npumanager.daemon.server.segment import SharedSegment
 
 log = logging.getLogger(__name__)
+_INTERNAL = RateLimitedLog(log)
 
 REFUSAL_PAUSE_S = (0.001, 0.1)
 """How long a lane rests after a refusal: 1 ms, doubled at each refusal in a row up to
@@ -194,9 +196,9 @@ class Lane:
                     return  # the client closed its end
                 try:
                     reply = self._answer(view[:size], flags)
-                except Exception:
+                except Exception as exc:
                     self._stats.internal_errors += 1
-                    log.exception("a lane request raised")
+                    _INTERNAL.internal_error("a lane request of uid %d raised", self._uid, exc=exc)
                     reply = encode_reply(
                         Status.REFUSED, kind="DaemonError", message="an internal error (logged)"
                     )

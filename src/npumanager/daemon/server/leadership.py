@@ -13,7 +13,10 @@ import logging
 import threading
 from collections.abc import Callable
 
+from npumanager.daemon.server.ratelog import RateLimitedLog
+
 log = logging.getLogger("npumanager.daemon")
+_INTERNAL = RateLimitedLog(log)
 
 Job = Callable[[], None]
 
@@ -86,8 +89,8 @@ class Leadership:
                 self._cv.notify()
             try:
                 job()
-            except Exception:
-                log.exception("an inference run by the loop's thread raised")
+            except Exception as exc:
+                _INTERNAL.internal_error("an inference run by the loop's thread raised", exc=exc)
 
     def _take_job(self) -> Job:
         job, self._job = self._job, None

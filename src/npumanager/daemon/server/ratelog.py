@@ -55,3 +55,9 @@ class RateLimitedLog:
     def warning(self, message: str, *args: object) -> None:
         """`log` at WARNING."""
         self.log(logging.WARNING, message, *args)
+
+    def internal_error(self, message: str, *args: object, exc: BaseException) -> None:
+        """One line at ERROR (`message`, then the exception's repr), rate-limited like the
+        rest; the traceback only at DEBUG, where an administrator asked for it."""
+        self.log(logging.ERROR, message + ": %r", *args, exc)
+        self._logger.debug(message, *args, exc_info=exc)

@@ -22,8 +22,7 @@ from npumanager.daemon.wire import protocol as p
 from npumanager.daemon.wire import tensors
 from npumanager.daemon.wire.tensors import TensorFields
 from npumanager.errors import CapacityError, IllegalArgumentError
-
-_READ_CHUNK = 1 << 20
+from npumanager.modelfiles import file_size, read_span
 
 
 class Placed(NamedTuple):
@@ -120,26 +119,21 @@ class SharedSegment:
         return self.memory[span.offset : span.offset + span.size]
 
 
-def read_model_file(fd: int, limit: int) -> bytes:
-    """The whole file behind a client's descriptor (a regular file of at most `limit`
-    bytes), read from its start without moving the client's offset."""
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        raise IllegalArgumentError(
-            "the descriptor sent with load_real is not a regular file: send an open model file"
-        )
-    if info.st_size > limit:
+def model_file_size(fd: int, limit: int) -> int:
+    """The size of the model file behind a client's descriptor, checked before anything is
+    read: a regular file, not empty, of at most `limit` bytes."""
+    size = file_size(fd, "the descriptor sent with load_real")
+    if size > limit:
         raise CapacityError(
-            f"the model file holds {info.st_size} bytes; this daemon reads at most {limit} "
+            f"the model file holds {size} bytes; this daemon reads at most {limit} "
             "(serve --max-model-mib)"
         )
-    if info.st_size == 0:
+    if size == 0:
         raise IllegalArgumentError("the model file is empty")
-    chunks, at = [], 0
-    while at < info.st_size:
-        chunk = os.pread(fd, min(_READ_CHUNK, info.st_size - at), at)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        at += len(chunk)
-    return b"".join(chunks)
+    return size
+
+
+def read_model_file(fd: int, limit: int) -> bytes:
+    """The whole model file behind a client's descriptor (`model_file_size`), read from
+    its start without moving the client's offset."""
+    return read_span(fd, 0, model_file_size(fd, limit), "the model file")

@@ -63,6 +63,8 @@ _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errn
 _OWN_FDS = 16
 """Descriptors the daemon needs for itself (selector, wake pipe, lock, logs, driver)."""
 _IDLE_SCAN_S = 1.0
+ACCEPTS_PER_TURN = 8
+"""Connections accepted in one turn of the loop, before every client's frames are served."""
 _TRIM_AFTER_BYTES = 1 << 20
 """Freed client buffers past this many bytes are handed back to the system soon after."""
 _TRIM_DELAY_S = 0.2
@@ -133,7 +135,7 @@ class Daemon:
             self.usage,
             self.stats,
             self._log,
-            forget,
+            self._dropped,
         )
 
     # Binding ----------------------------------------------------------------------------
@@ -237,6 +239,15 @@ class Daemon:
             times.append(self._watchdog_at)
         return max(0.0, min(times) - time.monotonic()) if times else None
 
+    def _dropped(self, connection: Connection) -> None:
+        """A connection went: no hello awaited from it, its queued loads dropped, and the
+        memory of the models it held handed back to the system soon after."""
+        self._forget_deadline(connection)
+        self.inference.forget(connection)
+        manager = connection.manager
+        if manager is not None and self.service.backend.holdings(manager)[1]:
+            self.transport.freed += _TRIM_AFTER_BYTES
+
     def _forget_deadline(self, connection: Connection) -> None:
         """The connection said hello or is gone: it has no hello deadline any more."""
         self._awaiting_hello.pop(connection, None)
@@ -283,7 +294,9 @@ class Daemon:
     # Accepting --------------------------------------------------------------------------
 
     def _accept(self, listener: Any, _: int) -> None:
-        while True:
+        """Accept at most `ACCEPTS_PER_TURN` connections, then serve a turn: a storm of
+        connections waits its turn like any client's frames."""
+        for _ in range(ACCEPTS_PER_TURN):
             try:
                 sock, _address = listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -296,9 +309,9 @@ class Daemon:
                 return
             try:
                 self._admit(sock)
-            except Exception:
+            except Exception as exc:
                 self.stats.internal_errors += 1
-                log.exception("admitting a connection failed")
+                self._log.warning("admitting a connection failed: %r", exc)
                 sock.close()
 
     def _admit(self, sock: socket.socket) -> None:
@@ -354,6 +367,7 @@ class Daemon:
             "limits": vars(self.limits),
             "suppressed_log_lines": self._log.suppressed,
             "info_snapshots": self._info.renewals,
+            "model_loads": self.inference.load_counts(),
             **self.stats.as_dict(),
         }
         document["clients"] = [
@@ -365,6 +379,7 @@ class Daemon:
                 "models": self.service.backend.holdings(c.manager)[1],
                 "shared_bytes": c.segment.size if c.segment is not None else 0,
                 "inferences": len(c.inferences),
+                "loads": self.inference.loads_of(c),
             }
             for c in self.transport.connections.values()
             if c.manager is not None
@@ -376,7 +391,14 @@ class Daemon:
     def _shutdown(self) -> None:
         """Complete every live request, tell the clients within a bound, close everything."""
         self.notifier.notify("STOPPING=1", "STATUS=completing live requests")
-        self.inference.close()
+        dropped, running = self.inference.close()
+        if dropped or running:
+            log.info(
+                "stopping with %d queued model load%s dropped%s",
+                dropped,
+                "" if dropped == 1 else "s",
+                "; the load in progress is not waited for" if running else "",
+            )
         try:
             self.service.close()
         except Exception:

@@ -32,6 +32,8 @@ class DaemonStats:
         self.inferences_on_lane = 0
         """Inferences asked for on a connection's lane (`daemon.lane`), wherever they ran."""
         self.lanes_opened = 0
+        self.loads_dropped = 0
+        """Model loads never run: their client went while they waited (`daemon.loader`)."""
         self.lane_frames_repeated = 0
         """Lane requests byte for byte the lane's last one, taken as it was (`daemon.lane`)."""
 

@@ -133,9 +133,11 @@ class Transport:
                 self.write(connection)
             if mask & selectors.EVENT_READ and not connection.closed:
                 self.read(connection)
-        except Exception:
+        except Exception as exc:
             self.stats.internal_errors += 1
-            log.exception("internal error serving uid %d; closing it", connection.peer.uid)
+            self._log.internal_error(
+                "internal error serving uid %d; closing it", connection.peer.uid, exc=exc
+            )
             self.drop(connection)
 
     def read(self, connection: Connection) -> None:
@@ -221,9 +223,11 @@ class Transport:
         for connection in list(self.backlog):
             try:
                 self.handle_frames(connection)
-            except Exception:
+            except Exception as exc:
                 self.stats.internal_errors += 1
-                log.exception("internal error serving uid %d; closing it", connection.peer.uid)
+                self._log.internal_error(
+                    "internal error serving uid %d; closing it", connection.peer.uid, exc=exc
+                )
                 self.drop(connection)
 
     def write(self, connection: Connection) -> None:
