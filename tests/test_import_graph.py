@@ -129,7 +129,9 @@ def forbidden(source: str, target: str) -> str | None:
         return "the arbiter and the policies import neither the service, drivers, daemon nor CLI"
     if within(target, drivers) and not within(source, drivers):
         oracle = within(source, f"{PACKAGE}.testing") and within(target, f"{drivers}.reference")
-        if source != PACKAGE and not oracle:
+        # A model host runs a real driver's sessions in a process of their own.
+        hosts = within(source, f"{PACKAGE}.daemon.host") and within(target, f"{drivers}.realexec")
+        if source != PACKAGE and not oracle and not hosts:
             return "nothing outside vendor_drivers imports a driver"
     if within(source, drivers) and not (
         within(target, schemas, drivers, *DRIVER_SIDE) or target in LEAVES

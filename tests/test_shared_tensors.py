@@ -13,10 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npumanager.daemon.client.shared_memory import ClientSegment, sealed_memfd
-from npumanager.daemon.server.segment import SharedSegment, read_model_file
+from npumanager.daemon.server.segment import SharedSegment
 from npumanager.daemon.wire import protocol as p
 from npumanager.daemon.wire import tensors
 from npumanager.errors import CapacityError, IllegalArgumentError
+from npumanager.modelfiles import read_model_file
 from npumanager.schemas.limits import TENSOR_ALIGN_BYTES
 
 SIZE = 1 << 16

@@ -97,3 +97,8 @@ class QuotaExceededError(NpuManagerError, PermissionError):
 
 class ExecutionError(NpuManagerError, RuntimeError):
     """The runtime failed an inference (the work ended FAILED); the runtime's message."""
+
+
+class ModelHostError(NpuManagerError, RuntimeError):
+    """The model host that ran this client's models died or did not answer: its models
+    are gone (their work ended CANCELLED_SYSTEM); the message says why. Load again."""

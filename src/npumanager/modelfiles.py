@@ -248,3 +248,23 @@ def read_span(fd: int, offset: int, length: int, what: str) -> bytes:
         chunks.append(chunk)
         at += len(chunk)
     return b"".join(chunks)
+
+
+def model_file_size(fd: int, limit: int) -> int:
+    """The size of the model file behind a client's descriptor, checked before anything is
+    read: a regular file, not empty, of at most `limit` bytes."""
+    size = file_size(fd, "the descriptor sent with load_real")
+    if size > limit:
+        raise CapacityError(
+            f"the model file holds {size} bytes; this daemon reads at most {limit} "
+            "(serve --max-model-mib)"
+        )
+    if size == 0:
+        raise IllegalArgumentError("the model file is empty")
+    return size
+
+
+def read_model_file(fd: int, limit: int) -> bytes:
+    """The whole model file behind a client's descriptor (`model_file_size`), read from
+    its start without moving the client's offset."""
+    return read_span(fd, 0, model_file_size(fd, limit), "the model file")

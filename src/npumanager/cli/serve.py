@@ -133,6 +133,12 @@ def add_serve(add: Add) -> None:
         help="send telemetry to a sink, e.g. prometheus:port=9464 or "
         "jsonl:path=/var/log/npu.jsonl,debounce_duration_ms=50 (repeatable)",
     )
+    serve.add_argument(
+        "--model-hosts",
+        action="store_true",
+        help="parse, open and run each connection's models in a host process of its own, "
+        "confined and unprivileged (a real driver only; see the integrators' guide)",
+    )
     limits = serve.add_argument_group("limits (management uids are exempt from the per-uid caps)")
     limits.add_argument(
         "--max-connections-per-uid",
@@ -280,6 +286,25 @@ def _inherited_listener(args: argparse.Namespace) -> socket.socket | None:
     return listener
 
 
+def _host_settings(args: argparse.Namespace, options: dict[str, Any]) -> Any:
+    """What `--model-hosts` builds each host's driver from: the daemon's own driver."""
+    if not args.model_hosts:
+        return None
+    from npumanager.daemon.host.client import HostSettings
+
+    return HostSettings(args.driver, options, args.devices)
+
+
+def _check_hosts(args: argparse.Namespace, service: Any) -> None:
+    from npumanager.daemon.host.client import can_host
+
+    if args.model_hosts and not can_host(service.driver):
+        raise NpuManagerError(
+            f"--model-hosts needs a driver that runs real models in a runtime (onnxruntime, "
+            f"openvino, or one built on RealDriver); {args.driver!r} is not one"
+        )
+
+
 def cmd_serve(ctx: CommandContext) -> int:
     """Serve one arbiter on the socket until SIGTERM or SIGINT."""
     from npumanager.core.service.service import Service
@@ -300,19 +325,21 @@ def cmd_serve(ctx: CommandContext) -> int:
     management_group = group_id(args.management_group) if args.management_group else None
     limits = limits_of(args)
     health = health_specs(ctx)
+    driver_options = dict(map(parse_driver_option, args.driver_option))
     service = Service(
         args.driver,
         args.policy,
         policy_params=policy_params(args.policy, args),
         clock="real",
         devices=args.devices,
-        driver_options=dict(map(parse_driver_option, args.driver_option)),
+        driver_options=dict(driver_options),
         attribution_uids=args.attribution_uid,
         unload_grace_ms=args.unload_grace_ms,
         health_interval_ms=args.health_interval_ms,
         registry=ctx.registry,
     )
     try:
+        _check_hosts(args, service)
         for spec in args.sink:
             name, options = parse_sink(spec)
             check_sink_options(
@@ -329,6 +356,7 @@ def cmd_serve(ctx: CommandContext) -> int:
             limits=limits,
             create_socket_dir=default_place,
             listener=listener,
+            hosts=_host_settings(args, driver_options),
         )
         daemon.bind()
     except OSError as exc:

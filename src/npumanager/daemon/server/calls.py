@@ -17,7 +17,7 @@ from npumanager.core.service.service import Service
 from npumanager.daemon.peer import PeerCredentials
 from npumanager.daemon.server.connection import Connection
 from npumanager.daemon.wire import protocol as p
-from npumanager.errors import NpuPermissionError
+from npumanager.errors import ModelHostError, NpuPermissionError, UnknownModelError
 from npumanager.schemas import ModelLoadRequest
 
 
@@ -66,8 +66,17 @@ class Calls:
         return self.backend.live_request(self.manager_of(connection), request_id)
 
     def model(self, connection: Connection, handle: int) -> LoadedModel:
-        """A model the connection loaded and holds (`UnknownModelError` otherwise)."""
-        return self.backend.model_of(self.manager_of(connection), handle)
+        """A model the connection loaded and holds (`UnknownModelError` otherwise, or
+        `ModelHostError` for one its dead model host took with it)."""
+        try:
+            return self.backend.model_of(self.manager_of(connection), handle)
+        except UnknownModelError:
+            why = connection.lost.get(handle)
+            if why is not None:
+                raise ModelHostError(
+                    f"model {handle} is gone: its model host {why}; load it again"
+                ) from None
+            raise
 
     def on_request(self, connection: Connection, message: p.RequestCanLoad) -> None:
         manager = self.manager_of(connection)

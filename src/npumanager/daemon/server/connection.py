@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from npumanager.core.client.manager import ModelLoadRequestCallback, NpuManager
+from npumanager.core.client.manager import LoadedModel, ModelLoadRequestCallback, NpuManager
 from npumanager.daemon.peer import PeerCredentials
 from npumanager.daemon.server.quotas import Resource, UidUsage
 from npumanager.daemon.wire import protocol as p
@@ -52,6 +52,13 @@ class LaneEnd(Protocol):
 
     def close(self) -> None:
         """Shut the lane: its thread finishes."""
+
+
+class HostEnd(Protocol):
+    """A connection's model host (`daemon.host.client.ModelHost`), as the connection sees it."""
+
+    def kill(self) -> None:
+        """End the host now: its loads and runs stop."""
 
 
 class Connection:
@@ -103,6 +110,12 @@ class Connection:
         """Outputs too large for their region, by call seq, until fetched."""
         self.lane: LaneEnd | None = None
         """The connection's inference lane, once opened."""
+        self.host: HostEnd | None = None
+        """The process its models run in, once one is loaded (`daemon.host`)."""
+        self.hosted: list[LoadedModel] = []
+        """The models loaded in its host."""
+        self.lost: dict[int, str] = {}
+        """Why each model a dead host took with it is gone, by handle."""
 
     @property
     def buffered(self) -> int:
@@ -179,6 +192,10 @@ class Connection:
         if self.lane is not None:
             self.lane.close()
             self.lane = None
+        if self.host is not None:
+            self.host.kill()
+            self.host = None
+        self.hosted.clear()
         self.segment = None  # unmapped once running inferences let go of their arrays
         self.held.clear()
         self.inferences.clear()

@@ -25,22 +25,25 @@ from npumanager.core.client.dispatch import Task
 from npumanager.core.client.manager import LoadedModel
 from npumanager.core.driver.job import WorkMode
 from npumanager.core.service.service import Service
+from npumanager.daemon.host.client import InHost, ModelFile
 from npumanager.daemon.server.calls import NO_REPLY, Calls, Handler, NoReply
 from npumanager.daemon.server.connection import Connection
 from npumanager.daemon.server.frames import call_error, clip
+from npumanager.daemon.server.hosting import Hosting
 from npumanager.daemon.server.lane import Lane, lane_socket
 from npumanager.daemon.server.leadership import Leadership
 from npumanager.daemon.server.loader import Loader, close_all
-from npumanager.daemon.server.segment import SharedSegment, model_file_size, read_model_file
+from npumanager.daemon.server.segment import SharedSegment
 from npumanager.daemon.server.stats import DaemonStats
 from npumanager.daemon.wire import protocol as p
 from npumanager.errors import (
     CapacityError,
     IllegalArgumentError,
+    NpuManagerError,
     QuotaExceededError,
     UnknownWorkError,
 )
-from npumanager.modelfiles import sidecar_key
+from npumanager.modelfiles import model_file_size, read_model_file, sidecar_key
 from npumanager.schemas import EndReason
 from npumanager.schemas.limits import (
     DEFAULT_MAX_INFERENCES_PER_CONNECTION,
@@ -67,6 +70,7 @@ class InferenceCalls:
         max_model_file_bytes: int = DEFAULT_MAX_MODEL_FILE_BYTES,
         max_in_flight: int = DEFAULT_MAX_INFERENCES_PER_CONNECTION,
         stats: DaemonStats,
+        hosting: Hosting | None = None,
     ) -> None:
         self.service = service
         self.backend = service.backend
@@ -77,6 +81,8 @@ class InferenceCalls:
         self.max_model_file_bytes = max_model_file_bytes
         self.max_in_flight = max_in_flight
         self.stats = stats
+        self.hosting = hosting
+        """Where clients' models run: in a host of each connection's own, or in here."""
         self._loader = Loader()
         """Opens models off the loop, one at a time, at most a few per connection."""
         self.handlers: dict[type[p.Call], Handler] = {
@@ -135,19 +141,7 @@ class InferenceCalls:
                 )
             request = self.calls.live(connection, message.request_id)
             connection.check_quota("models")
-            limit = self.max_model_file_bytes
-            if fds:
-                model_file_size(fds[0], limit)
-                segment = None
-            else:
-                assert message.span is not None
-                segment = self._segment(connection)
-                segment.check(message.span, "the model's bytes")
-                if message.span.size > limit:
-                    raise CapacityError(
-                        f"the model holds {message.span.size} bytes; this daemon reads at "
-                        f"most {limit} (serve --max-model-mib)"
-                    )
+            segment = self._model_segment(connection, message, fds)
             manager = self.calls.manager_of(connection)
         except BaseException:
             close_all(fds)
@@ -162,10 +156,15 @@ class InferenceCalls:
                 live = ref()
                 if live is None or live.closed:
                     return  # the client went while its load waited
+                host = None if self.hosting is None else self.hosting.host_for(live)
                 del live
-                data = read_model_file(fds[0], limit) if fds else None
+                data: Any = None
                 if segment is not None and span is not None:
                     data = segment.bytes_at(span)
+                if host is not None:  # the host reads the file itself
+                    data = InHost(host, ModelFile(fds[0]) if data is None else data)
+                elif data is None:
+                    data = read_model_file(fds[0], self.max_model_file_bytes)
                 outcome = self.backend.load_real_model(
                     manager,
                     request,
@@ -183,6 +182,25 @@ class InferenceCalls:
         self._loader.submit(connection, load, lambda: close_all(fds))
         return NO_REPLY
 
+    def _model_segment(
+        self, connection: Connection, message: p.LoadRealModel, fds: list[int]
+    ) -> SharedSegment | None:
+        """Check the model's size before anything is read: its file's (`fstat`), or its
+        span's in the segment (returned: the loader copies the span)."""
+        limit = self.max_model_file_bytes
+        if fds:
+            model_file_size(fds[0], limit)
+            return None
+        assert message.span is not None
+        segment = self._segment(connection)
+        segment.check(message.span, "the model's bytes")
+        if message.span.size > limit:
+            raise CapacityError(
+                f"the model holds {message.span.size} bytes; this daemon reads at most {limit} "
+                "(serve --max-model-mib)"
+            )
+        return segment
+
     def _loaded(
         self, ref: weakref.ref[Connection], seq: int, uid: int, outcome: LoadedModel | Exception
     ) -> None:
@@ -199,12 +217,21 @@ class InferenceCalls:
             self.backend.unload_real_model(outcome)
             connection.send(call_error(seq, exc, self.stats, "load_real", uid))
             return
+        if self.hosting is not None:
+            connection.hosted = [m for m in connection.hosted if self._holds(connection, m)]
+            connection.hosted.append(outcome)
         result = {
             "model": outcome.handle,
             "device": outcome.device,
             "weight_bytes": outcome.weight_bytes,
         }
         connection.send(p.Reply(seq=seq, result=result))
+
+    def _holds(self, connection: Connection, model: LoadedModel) -> bool:
+        try:
+            return self.calls.model(connection, model.handle) is model
+        except NpuManagerError:
+            return False
 
     def load_counts(self) -> dict[str, int]:
         """How many model loads wait and run (`Loader.counts`)."""

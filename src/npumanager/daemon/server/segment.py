@@ -22,7 +22,6 @@ from npumanager.daemon.wire import protocol as p
 from npumanager.daemon.wire import tensors
 from npumanager.daemon.wire.tensors import TensorFields
 from npumanager.errors import CapacityError, IllegalArgumentError
-from npumanager.modelfiles import file_size, read_span
 
 
 class Placed(NamedTuple):
@@ -117,23 +116,3 @@ class SharedSegment:
         """A copy of the span's bytes (a small model sent in the segment)."""
         self.check(span, "the model's bytes")
         return self.memory[span.offset : span.offset + span.size]
-
-
-def model_file_size(fd: int, limit: int) -> int:
-    """The size of the model file behind a client's descriptor, checked before anything is
-    read: a regular file, not empty, of at most `limit` bytes."""
-    size = file_size(fd, "the descriptor sent with load_real")
-    if size > limit:
-        raise CapacityError(
-            f"the model file holds {size} bytes; this daemon reads at most {limit} "
-            "(serve --max-model-mib)"
-        )
-    if size == 0:
-        raise IllegalArgumentError("the model file is empty")
-    return size
-
-
-def read_model_file(fd: int, limit: int) -> bytes:
-    """The whole model file behind a client's descriptor (`model_file_size`), read from
-    its start without moving the client's offset."""
-    return read_span(fd, 0, model_file_size(fd, limit), "the model file")

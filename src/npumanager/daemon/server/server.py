@@ -33,12 +33,14 @@ from typing import Any
 
 from npumanager.core.client.dispatch import Task
 from npumanager.core.service.service import Service
+from npumanager.daemon.host.client import HostSettings
 from npumanager.daemon.peer import peer_credentials
 from npumanager.daemon.server.admission import Admission
 from npumanager.daemon.server.binding import Binding, bind, raise_descriptor_limit
 from npumanager.daemon.server.calls import Calls
 from npumanager.daemon.server.connection import Connection
 from npumanager.daemon.server.frames import FrameHandler
+from npumanager.daemon.server.hosting import Hosting
 from npumanager.daemon.server.inference import InferenceCalls
 from npumanager.daemon.server.info import InfoCache
 from npumanager.daemon.server.leadership import Leadership
@@ -86,6 +88,7 @@ class Daemon:
         create_socket_dir: bool = True,
         listener: socket.socket | None = None,
         notifier: Notifier | None = None,
+        hosts: HostSettings | None = None,
     ) -> None:
         self.service = service
         self.socket_path = Path(socket_path)
@@ -121,6 +124,7 @@ class Daemon:
             max_model_file_bytes=self.limits.max_model_file_bytes,
             max_in_flight=self.limits.max_inferences_per_connection,
             stats=self.stats,
+            hosting=None if hosts is None else Hosting(hosts, service, self.post),
         )
         self._info = InfoCache(self.describe)
         self.admission = Admission(self.usage, self.stats, self._log)
@@ -368,6 +372,7 @@ class Daemon:
             "suppressed_log_lines": self._log.suppressed,
             "info_snapshots": self._info.renewals,
             "model_loads": self.inference.load_counts(),
+            "model_hosts": self._hosts_described(),
             **self.stats.as_dict(),
         }
         document["clients"] = [
@@ -380,11 +385,18 @@ class Daemon:
                 "shared_bytes": c.segment.size if c.segment is not None else 0,
                 "inferences": len(c.inferences),
                 "loads": self.inference.loads_of(c),
+                "host_pid": getattr(c.host, "pid", None),
             }
             for c in self.transport.connections.values()
             if c.manager is not None
         ]
         return document
+
+    def _hosts_described(self) -> dict[str, Any] | None:
+        hosting = self.inference.hosting
+        if hosting is None:
+            return None
+        return {"driver": hosting.settings.driver, "started": hosting.started, "died": hosting.died}
 
     # Shutdown ---------------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from npumanager.schemas.limits import (
 )
 from npumanager.vendor_drivers.realexec.chain import chain_inputs, chain_model
 from npumanager.vendor_drivers.realexec.channels import ExecutionError
-from npumanager.vendor_drivers.realexec.session import Call, Counted, Session
+from npumanager.vendor_drivers.realexec.session import Call, Counted, InHost, Session
 from npumanager.vendor_drivers.realexec.submission import Submission
 from npumanager.vendor_drivers.realexec.work import Model, Work, effective_priority
 
@@ -73,6 +73,14 @@ class RealDriver(Submission):
     @abstractmethod
     def _open(self, device: int, counted: Counted, band: int) -> Session:
         """Open a counted model on a device's runtime (reading its weights files now)."""
+
+    def count_model(self, model: ModelSource, sidecars: Mapping[str, int]) -> Counted:
+        """Parse and count a model as `load_model` does (for a model host)."""
+        return self._count(model, sidecars)
+
+    def open_counted(self, device: int, counted: Counted, band: int) -> Session:
+        """Open a counted model as `load_model` does (for a model host)."""
+        return self._open(self._device(device), counted, band)
 
     def _band_changed(self, session: Session, device: int, uid: int) -> None:
         """Relay the band of the model's uid to the runtime (`Session.set_band`)."""
@@ -151,6 +159,7 @@ class RealDriver(Submission):
     ) -> int:
         """Open a model (`model=` bytes or a runtime model object, or `path=`) and account
         its real weight bytes; with only `weight_bytes`, account bytes without a session.
+        A model `InHost` is parsed, opened and run in its host, not in this process.
 
         The weights are counted from the model before anything is allocated for them: a
         model over `max_weight_bytes` (what its grant allows) or the device's free memory
@@ -184,6 +193,15 @@ class RealDriver(Submission):
                 counted = self._count(files.data, files.sidecars)
                 self._check_counted(d, counted, weight_bytes, max_weight_bytes)
                 session = self._open(d, counted, band)
+        elif isinstance(model, InHost):
+            host = model.host
+            counted = host.count(model.source, sidecars or {})
+            try:
+                self._check_counted(d, counted, weight_bytes, max_weight_bytes)
+            except BaseException:
+                host.discard(counted)
+                raise
+            session = host.open(d, counted, band)
         else:
             counted = self._count(model, sidecars or {})
             self._check_counted(d, counted, weight_bytes, max_weight_bytes)

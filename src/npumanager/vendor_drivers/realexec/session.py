@@ -105,6 +105,29 @@ class Session(Protocol):
         """Release the runtime's objects."""
 
 
+class SessionHost(Protocol):
+    """Where a driver counts and opens a model instead of in its own process (a daemon's
+    model host, `npumanager.daemon.host`)."""
+
+    def count(self, model: Any, sidecars: Mapping[str, int]) -> Counted:
+        """Parse the model there and count its weights."""
+
+    def open(self, device: int, counted: Counted, band: int) -> Session:
+        """Open a model counted there: a session whose runs happen there."""
+
+    def discard(self, counted: Counted) -> None:
+        """Forget a counted model that will not be opened."""
+
+
+@dataclass(frozen=True)
+class InHost:
+    """A model to be parsed, opened and run in `host`, not in the driver's process:
+    `load_model(model=InHost(host, source))`."""
+
+    host: SessionHost
+    source: Any
+
+
 def check_feeds(inputs: tuple[InputSpec, ...], given: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """`given` as arrays of the model's inputs; a wrong name, dtype or shape is refused."""
     if type(given) is not dict and not isinstance(given, Mapping):

@@ -1,0 +1,366 @@
+"""The daemon's side of a model host: start it, ask it, and kill it.
+
+A `ModelHost` is one process (`daemon.host.process`) for one connection. The driver
+counts and opens a model through it (`count`, `open`: the `SessionHost` a real driver
+takes) and gets a `HostedSession`, which its channels run as any session: the device
+scheduler decides what runs; the host only executes. A host that dies (a crash, a kill)
+fails what waits on it at once and calls `on_death` with why; `kill` ends it with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from npumanager.daemon.host import messages
+from npumanager.errors import (
+    ExecutionError,
+    IllegalArgumentError,
+    ModelHostError,
+    NpuManagerError,
+)
+from npumanager.vendor_drivers.realexec.session import Call, Counted, InHost, InputSpec
+
+log = logging.getLogger(__name__)
+
+HOST_ANSWER_S = 120.0
+"""How long a host may take to start, count, open or drop a model before it is killed."""
+NOBODY = 65534
+"""The uid and gid a host of root or of the daemon's own uid runs as."""
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    """What every host of a daemon is built with: the daemon's driver and its options."""
+
+    driver: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    devices: int = 1
+    answer_s: float = HOST_ANSWER_S
+
+
+def can_host(driver: object) -> bool:
+    """True for a driver whose models a host can open (one built on `RealDriver`)."""
+    from npumanager.vendor_drivers.realexec.base import RealDriver
+
+    return isinstance(driver, RealDriver)
+
+
+def host_identity(uid: int, gid: int) -> tuple[int, int]:
+    """The uid and gid a client's host runs as: the client's own, so it can do nothing the
+    client could not; `NOBODY` for root's clients and the daemon's own uid's."""
+    if uid == 0 or uid == os.geteuid():
+        return NOBODY, NOBODY
+    return uid, (NOBODY if gid == 0 else gid)
+
+
+@dataclass
+class HostCounted:
+    """A model a host parsed and counted, waiting there to be opened."""
+
+    id: int
+    weight_bytes: int
+
+
+class ModelHost:
+    """One host process and the requests waiting for its answers."""
+
+    def __init__(
+        self,
+        settings: HostSettings,
+        uid: int,
+        gid: int,
+        on_death: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        self.settings = settings
+        self.uid, self.gid = host_identity(uid, gid)
+        self._on_death = on_death
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, Future[tuple[dict[str, Any], list[int]]]] = {}
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self.dead: str | None = None
+        self._killed = False
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock = ours
+        spec = {
+            "driver": settings.driver,
+            "options": dict(settings.options),
+            "devices": settings.devices,
+            "uid": self.uid,
+            "gid": self.gid,
+        }
+        with theirs:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "npumanager.daemon.host", json.dumps(spec)],
+                stdin=theirs.fileno(),
+                stdout=subprocess.DEVNULL,
+                close_fds=True,
+            )
+        self.pid = self._process.pid
+        ready = self._first_message()
+        self.confined = ready.get("confined", {})
+        self._reader = threading.Thread(target=self._read, name=f"npu-host-{self.pid}", daemon=True)
+        self._reader.start()
+
+    def _first_message(self) -> dict[str, Any]:
+        self._sock.settimeout(self.settings.answer_s)
+        try:
+            message = messages.receive(self._sock)
+        except (OSError, IllegalArgumentError) as exc:
+            self.kill()
+            raise ModelHostError(f"the model host did not start: {exc}") from None
+        if message is None or "ready" not in message[0]:
+            self.kill()
+            raise ModelHostError(f"the model host did not start ({self._exit_status()})")
+        self._sock.settimeout(None)
+        return message[0]
+
+    # Asking ---------------------------------------------------------------------------
+
+    def ask(
+        self, op: str, fds: Sequence[int] = (), *, timeout: float | None = -1.0, **fields: Any
+    ) -> tuple[dict[str, Any], list[int]]:
+        """Send a request and wait for its answer (`ModelHostError` if the host dies, or
+        does not answer within `timeout`, by default `HostSettings.answer_s`, None for
+        ever: it is killed)."""
+        request_id = next(self._ids)
+        waiting: Future[tuple[dict[str, Any], list[int]]] = Future()
+        with self._lock:
+            if self.dead is not None:
+                raise ModelHostError(f"the model host {self.dead}")
+            self._waiting[request_id] = waiting
+        self.tell(op, fds, id=request_id, **fields)
+        try:
+            limit = self.settings.answer_s if timeout is not None and timeout < 0 else timeout
+            header, got = waiting.result(limit)
+        except TimeoutError:
+            self.kill()
+            raise ModelHostError(
+                f"the model host did not answer {op} within {self.settings.answer_s} s; "
+                "it was killed"
+            ) from None
+        if "error" in header:
+            for fd in got:
+                os.close(fd)
+            raise _error_class(header["error"])(str(header.get("message", "")))
+        return header, got
+
+    def tell(self, op: str, fds: Sequence[int] = (), **fields: Any) -> None:
+        """Send a request that has no answer (or whose answer `ask` waits for)."""
+        try:
+            with self._send_lock:
+                messages.send(self._sock, {"op": op, **fields}, fds)
+        except OSError:
+            pass  # the host died: the reader says so
+
+    def count(self, model: Any, sidecars: Mapping[str, int]) -> HostCounted:
+        """Have the host parse the model (a `ModelFile` or bytes) and count its weights."""
+        if isinstance(model, ModelFile):
+            fd, owned = model.fd, False
+        elif isinstance(model, bytes | bytearray | memoryview):
+            fd, owned = _memfd_of(bytes(model)), True
+        else:
+            raise IllegalArgumentError("a model host takes a model file or its bytes")
+        try:
+            count_id = next(self._ids)
+            header, _ = self.ask(
+                "count", [fd, *sidecars.values()], sidecars=list(sidecars), counted=count_id
+            )
+        finally:
+            if owned:
+                os.close(fd)
+        return HostCounted(int(header["counted"]), _count_of(header.get("weight_bytes")))
+
+    def open(self, device: int, counted: Counted, band: int) -> HostedSession:
+        """Open a counted model in the host: its session as the daemon sees it."""
+        assert isinstance(counted, HostCounted)
+        model_id = next(self._ids)
+        header, _ = self.ask("open", counted=counted.id, model=model_id, device=device, band=band)
+        inputs = _input_specs(header.get("inputs"))
+        weight = _count_of(header.get("weight_bytes"))
+        if weight != counted.weight_bytes:
+            self.tell("drop", model=model_id)
+            raise ModelHostError(
+                f"the model host opened {weight} weight bytes after counting {counted.weight_bytes}"
+            )
+        return HostedSession(self, model_id, weight, inputs, str(header.get("target", "")))
+
+    def discard(self, counted: Counted) -> None:
+        """Forget a counted model that will not be opened."""
+        if isinstance(counted, HostCounted):
+            self.tell("drop", model=counted.id)
+
+    # Reading ----------------------------------------------------------------------------
+
+    def _read(self) -> None:
+        reason = "ended"
+        while True:
+            try:
+                message = messages.receive(self._sock)
+            except IllegalArgumentError as exc:
+                reason = f"sent a malformed message ({exc})"
+                self.kill()
+                break
+            except OSError:
+                break
+            if message is None:
+                break
+            header, fds = message
+            reply_to = header.get("id")
+            with self._lock:
+                waiting = self._waiting.pop(reply_to, None) if type(reply_to) is int else None
+            if waiting is None:
+                for fd in fds:
+                    os.close(fd)
+                continue
+            waiting.set_result((header, fds))
+        self._died(reason)
+
+    def _died(self, reason: str) -> None:
+        status = self._exit_status()
+        why = "was stopped" if self._killed else f"{reason} ({status})"
+        with self._lock:
+            self.dead = why
+            waiting, self._waiting = self._waiting, {}
+        if not self._killed:
+            log.warning("the model host of uid %d (pid %d) %s", self.uid, self.pid, why)
+            self._on_death(why)
+        for future in waiting.values():
+            future.set_exception(ModelHostError(f"the model host {why}"))
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+    def _exit_status(self) -> str:
+        try:
+            code = self._process.wait(self.settings.answer_s)
+        except subprocess.TimeoutExpired:
+            return "still running"
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exit status {code}"
+
+    def kill(self) -> None:
+        """End the host now (SIGKILL): its loads and runs stop, its memory goes back."""
+        self._killed = self._killed or self.dead is None
+        with contextlib.suppress(ProcessLookupError):
+            self._process.kill()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A model file by the descriptor the client sent: the host reads it itself."""
+
+    fd: int
+
+
+class HostedSession:
+    """A model open in a host: `Session` for the driver's channels."""
+
+    def __init__(
+        self,
+        host: ModelHost,
+        model_id: int,
+        weight_bytes: int,
+        inputs: tuple[InputSpec, ...],
+        target: str,
+    ) -> None:
+        self.host = host
+        self.model_id = model_id
+        self.weight_bytes = weight_bytes
+        self.inputs = inputs
+        self.target = target
+
+    def run(self, feeds: dict[str, np.ndarray], call: Call) -> list[np.ndarray]:
+        """Run one inference in the host: inputs in a memfd, outputs in the one it sends."""
+        host = self.host
+        fd, refs = messages.write_tensors(list(feeds.values()), "npu-in")
+        run_id = next(host._ids)
+        try:
+            call.arm(lambda: host.tell("cancel", run=run_id))
+            header, fds = host.ask(
+                "run",
+                [fd],
+                timeout=None,
+                run=run_id,
+                model=self.model_id,
+                names=list(feeds),
+                inputs=refs,
+                background=call.background,
+            )
+        finally:
+            os.close(fd)
+        if len(fds) != 1:
+            for extra in fds:
+                os.close(extra)
+            raise ModelHostError("the model host answered a run without its outputs")
+        return messages.read_tensors(fds[0], header.get("outputs"))
+
+    def set_band(self, band: int, bands: int) -> None:
+        """Relay the band to the host's runtime."""
+        self.host.tell("band", model=self.model_id, band=band, bands=bands)
+
+    def close(self) -> None:
+        """Close the model's session in the host."""
+        self.host.tell("drop", model=self.model_id)
+
+
+def _error_class(kind: Any) -> type[Exception]:
+    from npumanager import errors
+
+    found = getattr(errors, str(kind), None)
+    if isinstance(found, type) and issubclass(found, NpuManagerError):
+        return found
+    return ExecutionError
+
+
+def _count_of(value: Any) -> int:
+    if type(value) is not int or value < 0:
+        raise ModelHostError(f"the model host gave a bad byte count {value!r}")
+    return value
+
+
+def _input_specs(value: Any) -> tuple[InputSpec, ...]:
+    """The model's inputs as the host described them, checked."""
+    if not isinstance(value, list):
+        raise ModelHostError("the model host described no inputs")
+    specs = []
+    for item in value:
+        try:
+            shape = tuple(None if d is None else int(d) for d in item["shape"])
+            specs.append(InputSpec(str(item["name"]), shape, np.dtype(str(item["dtype"]))))
+        except (KeyError, TypeError, ValueError):
+            raise ModelHostError(f"the model host described an input badly: {item!r}") from None
+    return tuple(specs)
+
+
+def _memfd_of(data: bytes) -> int:
+    """A memfd holding `data` (a model sent as bytes), for the host to read."""
+    fd = os.memfd_create("npu-model", os.MFD_CLOEXEC)
+    try:
+        view, at = memoryview(data), 0
+        while at < len(view):
+            at += os.write(fd, view[at:])
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+__all__ = ["HostSettings", "HostedSession", "InHost", "ModelFile", "ModelHost"]

@@ -1,0 +1,65 @@
+"""Which model host each connection's models run in (`daemon.host`), and what a host's
+death does: the connection's models in it are unloaded (their work ends CANCELLED_SYSTEM)
+and remembered as lost, so the client is told why; the daemon and every other connection
+carry on, and the connection's next load starts a new host.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+
+from npumanager.core.client.dispatch import Task
+from npumanager.core.service.service import Service
+from npumanager.daemon.host.client import HostSettings, ModelHost
+from npumanager.daemon.server.connection import Connection
+from npumanager.errors import DaemonUnavailableError
+
+
+class Hosting:
+    """Starts a connection's host on its first load, and tends to the hosts' deaths."""
+
+    def __init__(self, settings: HostSettings, service: Service, post: Callable[[Task], None]):
+        self.settings = settings
+        self._backend = service.backend
+        self._post = post
+        self._lock = threading.Lock()
+        self.started = 0
+        self.died = 0
+
+    def host_for(self, connection: Connection) -> ModelHost:
+        """The connection's live host, started now if it has none (on the loader: a start
+        takes a second or so)."""
+        with self._lock:
+            host = connection.host
+            if isinstance(host, ModelHost) and host.dead is None:
+                return host
+        ref = weakref.ref(connection)
+        started = ModelHost(
+            self.settings,
+            connection.peer.uid,
+            connection.peer.gid,
+            on_death=lambda why: self._post(lambda: self._died(ref, started, why)),
+        )
+        with self._lock:
+            if connection.closed:
+                started.kill()
+                raise DaemonUnavailableError("the connection closed while its host started")
+            connection.host = started
+            self.started += 1
+        return started
+
+    def _died(self, ref: weakref.ref[Connection], host: ModelHost, why: str) -> None:
+        """On the loop: a host died by itself; its models go, and are remembered as lost."""
+        self.died += 1
+        connection = ref()
+        if connection is None or connection.closed:
+            return
+        with self._lock:
+            if connection.host is host:
+                connection.host = None
+        for model in list(connection.hosted):
+            connection.lost[model.handle] = why
+            self._backend.unload_real_model(model)
+        connection.hosted.clear()

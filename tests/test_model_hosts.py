@@ -1,0 +1,129 @@
+"""Model hosts (`serve --model-hosts`): each connection's models are parsed, opened and run
+in a process of its own, confined and unprivileged; its death ends only its own models.
+
+Real daemons, real clients of their own uids, real host processes; every wait is for an
+event (a /proc entry, an info field), with a generous bound that only ends a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers.daemon_support import BACKGROUND_UID, FOREGROUND_UID, DaemonProcess
+from npumanager.daemon.host.client import NOBODY, host_identity
+
+pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="giving client processes their own uids needs root"
+)
+
+from helpers.real_daemon import (  # noqa: E402
+    granted,
+    in_process_digest,
+    info,
+    loaded_app,
+    wait_for,
+)
+
+LONG_ROWS = 120_000
+
+
+def hosted(start: Callable[..., DaemonProcess]) -> DaemonProcess:
+    return start("--model-hosts")
+
+
+def host_pid(daemon: DaemonProcess, uid: int) -> int:
+    (pid,) = [c["host_pid"] for c in info(daemon)["clients"] if c["uid"] == uid]
+    assert isinstance(pid, int), info(daemon)["clients"]
+    return pid
+
+
+def status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return status(pid).get("State", "").startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+def ended(events: Path, uid: int) -> list[dict[str, Any]]:
+    import json
+
+    lines = events.read_text().splitlines() if events.exists() else []
+    return [e for e in map(json.loads, lines) if e.get("kind") == "ENDED" and e.get("uid") == uid]
+
+
+def test_a_clients_models_run_in_a_confined_host_of_its_own_uid(
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon = hosted(start_onnxruntime)
+    app = loaded_app(daemon, FOREGROUND_UID, model_file)
+    assert app.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+    pid = host_pid(daemon, FOREGROUND_UID)
+    assert pid != daemon.process.pid
+    seen = status(pid)
+    assert seen["Uid"].split() == [str(FOREGROUND_UID)] * 4, "the app's own uid, never root"
+    assert seen["Groups"].strip() == "", "no supplementary groups"
+    assert seen["NoNewPrivs"].strip() == "1"
+    assert os.readlink(f"/proc/{pid}/cwd").endswith("(deleted)"), "an empty, removed cwd"
+    assert os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+    assert info(daemon)["daemon"]["model_hosts"]["started"] == 1
+
+
+def test_root_and_the_daemons_own_uid_get_nobody() -> None:
+    assert host_identity(0, 0) == (NOBODY, NOBODY)
+    assert host_identity(os.geteuid(), 0) == (NOBODY, NOBODY)
+    assert host_identity(FOREGROUND_UID, 0) == (FOREGROUND_UID, NOBODY)
+    assert host_identity(FOREGROUND_UID, FOREGROUND_UID) == (FOREGROUND_UID, FOREGROUND_UID)
+
+
+def test_a_killed_client_takes_its_host_and_running_work_with_it(
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    daemon = hosted(start_onnxruntime)
+    other = loaded_app(daemon, FOREGROUND_UID, model_file)
+    doomed = loaded_app(daemon, BACKGROUND_UID, model_file)
+    pid = host_pid(daemon, BACKGROUND_UID)
+    doomed.ok("real_submit", id=1, rows=LONG_ROWS)
+    wait_for(lambda: any(d["running"] for d in info(daemon)["devices"]))
+    doomed.kill9()
+    wait_for(lambda: gone(pid))
+    wait_for(lambda: info(daemon)["devices"][0]["running"] == 0)
+    assert other.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+
+
+def test_a_crashed_host_ends_only_its_apps_models_and_the_next_load_works(
+    start_onnxruntime: Callable[..., DaemonProcess], socket_dir: Path, model_file: Path
+) -> None:
+    events = socket_dir / "events.jsonl"
+    daemon = hosted(
+        lambda *a: start_onnxruntime(*a, "--sink", f"jsonl:path={events},debounce_duration_ms=10")
+    )
+    other = loaded_app(daemon, FOREGROUND_UID, model_file)
+    victim = loaded_app(daemon, BACKGROUND_UID, model_file)
+    pid = host_pid(daemon, BACKGROUND_UID)
+    victim.ok("real_submit", id=1, rows=LONG_ROWS)
+    wait_for(lambda: any(d["running"] for d in info(daemon)["devices"]))
+    os.kill(pid, signal.SIGSEGV)
+    wait_for(lambda: bool(ended(events, BACKGROUND_UID)))
+    assert [e["reason"] for e in ended(events, BACKGROUND_UID)] == ["CANCELLED_SYSTEM"]
+    wait_for(lambda: info(daemon)["daemon"]["model_hosts"]["died"] == 1)
+    again = victim.send("real_run", id=1, rows=4, value=0.5)
+    assert again.get("error") == "ModelHostError", again
+    assert "killed by SIGSEGV" in again["message"] and "load it again" in again["message"]
+    assert other.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+    granted(victim, 2)
+    victim.ok("real_load", id=2, path=str(model_file))
+    assert victim.ok("real_run", id=2, rows=4, value=0.5) == in_process_digest(4, 0.5)
+    assert host_pid(daemon, BACKGROUND_UID) != pid
+    assert daemon.alive
