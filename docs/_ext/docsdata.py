@@ -62,6 +62,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "DuplicateRequestError",
         "ExecutionError",
         "LeaseEndedError",
+        "ModelHostError",
         "NpuPermissionError",
         "PluginError",
         "PluginWarning",
