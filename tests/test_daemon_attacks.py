@@ -575,23 +575,28 @@ def test_log_lines_caused_by_clients_are_rate_limited(
 SECRET = b"root-only: the daemon must never hand these 64 bytes to a client......"[:64]
 
 
-def _real_daemon(socket_dir: Path, serve: Callable[..., DaemonProcess]) -> DaemonProcess:
-    """An onnxruntime daemon whose working directory holds a file only root may read."""
+@pytest.fixture(params=["in-daemon", "model-hosts"])
+def real_daemon(
+    request: pytest.FixtureRequest, socket_dir: Path, serve: Callable[..., DaemonProcess]
+) -> DaemonProcess:
+    """An onnxruntime daemon whose working directory holds a file only root may read;
+    models opened in the daemon, or in hosts of the clients' own."""
     pytest.importorskip("onnxruntime")
     secret = socket_dir / "secret.bin"
     secret.write_bytes(SECRET)
     secret.chmod(0o600)
-    return serve("--driver", "onnxruntime", cwd=socket_dir)
+    hosts = ("--model-hosts",) if request.param == "model-hosts" else ()
+    return serve("--driver", "onnxruntime", *hosts, cwd=socket_dir)
 
 
 def test_a_file_only_the_daemon_can_read_named_as_external_data_is_never_read(
-    socket_dir: Path, serve: Callable[..., DaemonProcess], apps: list[Child]
+    socket_dir: Path, real_daemon: DaemonProcess, apps: list[Child]
 ) -> None:
     """The runtime, given a model's bytes, would resolve `secret.bin` against the daemon's
     working directory and hand its bytes back as the output (x = 0, y = x + c)."""
     from helpers.onnx_builders import WIDTH, external_model
 
-    daemon = _real_daemon(socket_dir, serve)
+    daemon = real_daemon
     model = socket_dir / "thief.onnx"
     model.write_bytes(external_model("secret.bin").SerializeToString())
     model.chmod(0o644)
@@ -615,11 +620,11 @@ def test_a_file_only_the_daemon_can_read_named_as_external_data_is_never_read(
 
 
 def test_weights_in_constant_nodes_count_against_the_grant(
-    socket_dir: Path, serve: Callable[..., DaemonProcess], apps: list[Child]
+    socket_dir: Path, real_daemon: DaemonProcess, apps: list[Child]
 ) -> None:
     from helpers.onnx_builders import constant_model
 
-    daemon = _real_daemon(socket_dir, serve)
+    daemon = real_daemon
     model = socket_dir / "constants.onnx"
     model.write_bytes(constant_model(32 * MIB).SerializeToString())
     model.chmod(0o644)
