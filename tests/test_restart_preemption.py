@@ -99,6 +99,39 @@ def test_a_job_of_the_same_band_is_never_stopped() -> None:
         assert paused(d.take_events()) == []
 
 
+def test_an_app_holding_every_channel_gives_its_latest_back_to_another_app_of_its_band() -> None:
+    """Two long operations of one app hold both channels; another app's tiny inference of
+    the same band waits for neither: the latest started operation starts over."""
+    with OnnxRuntimeDriver(devices=[{"channels": 2}], reserved_channels=0) as d:
+        d.set_scheduling_configs([*CONFIGS, SchedulingConfig(uid=11, app_priority=300)])
+        model = d.load_timed_model()
+        long_ops = []
+        for _ in range(2):
+            long_ops.append(d.submit(model, uid=10, inputs=d.timed_inputs(model, 300)))
+            started_running(d, len(long_ops))
+        tiny = d.submit(model, uid=11, inputs=d.timed_inputs(model, 1))
+        d.run_until_idle()
+        events = d.take_events()
+        assert paused(events) == [long_ops[1]], "the latest started gave its channel back"
+        assert lifecycle(events, long_ops[1]) == RESTARTED
+        assert lifecycle(events, long_ops[0])[-1] == ("ENDED", "COMPLETED")
+        assert lifecycle(events, tiny)[-1] == ("ENDED", "COMPLETED")
+
+
+def test_an_app_alone_keeps_every_channel_and_one_channel_each_is_never_taken() -> None:
+    with OnnxRuntimeDriver(devices=[{"channels": 2}], reserved_channels=0) as d:
+        d.set_scheduling_configs([*CONFIGS, SchedulingConfig(uid=11, app_priority=300)])
+        model = d.load_timed_model()
+        d.submit(model, uid=10, inputs=d.timed_inputs(model, 100))
+        started_running(d, 1)
+        d.submit(model, uid=11, inputs=d.timed_inputs(model, 100))
+        started_running(d, 2)
+        d.submit(model, uid=10, inputs=d.timed_inputs(model, 1))  # its app holds a channel
+        d.submit(model, uid=10, inputs=d.timed_inputs(model, 1))
+        d.run_until_idle()
+        assert paused(d.take_events()) == []
+
+
 def test_restart_preemption_must_be_a_bool() -> None:
     with pytest.raises(IllegalArgumentError, match="restart_preemption must be True or False"):
         OnnxRuntimeDriver(restart_preemption="yes")

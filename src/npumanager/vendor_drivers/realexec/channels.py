@@ -45,6 +45,7 @@ from npumanager.schemas.limits import (
     REAL_NO_SLICE_US,
     REAL_RESERVED_CHANNELS,
 )
+from npumanager.vendor_drivers.realexec import preemption
 from npumanager.vendor_drivers.realexec.osprio import lower_thread_priority
 from npumanager.vendor_drivers.realexec.session import Call, background_from
 from npumanager.vendor_drivers.realexec.work import (
@@ -351,11 +352,10 @@ class Channels(DriverBase):
         return any(w is not None and not self._in_background(w) for w in sched.running)
 
     def _preempt(self, device: int) -> None:
-        """Restart preemption (lock held): when every channel is busy and the next job is of
-        a more important band than a running one, stop the least important running job
-        (the latest started of those) with the runtime's cancel; `_execute` requeues it. A
-        job whose band is owed its floor share (fair) is not stopped: it would only start
-        over, again and again."""
+        """Restart preemption (lock held): when every channel is busy and the next job should
+        not wait (`preemption`: a more important band's, or an app's that holds no channel
+        while another of its band holds several), stop a running job with the runtime's
+        cancel; `_execute` requeues it."""
         sched = self._scheds[device]
         if self.restart_preemption and self.shared_cores:
             for work in sched.running:
@@ -375,15 +375,10 @@ class Channels(DriverBase):
         if job is None or any(w.stopping for w in running):
             return
         band = self.specs[device].band_of
-        mine = band(job.effective_priority)
-        victims = [
-            w
-            for w in running
-            if band(w.effective_priority) > mine
-            and not (sched.fair and sched.credit[band(w.effective_priority)] > 0)
-        ]
-        if victims:
-            victim = max(victims, key=lambda w: (band(w.effective_priority), w.run_start_us))
+        victim = preemption.by_band(
+            running, job, band, lambda b: sched.fair and sched.credit[b] > 0
+        ) or preemption.borrowed(running, job, band)
+        if victim is not None:
             victim.stopping = True
             assert victim.call is not None
             victim.call.cancel()
