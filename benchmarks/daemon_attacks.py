@@ -13,14 +13,21 @@ its own, keeps up one attack, and so on in turn, so every kind sees the same mac
 * hoard: requests up to the uid's cap, cancelled and asked again;
 * lane_flood: eight connections with an inference lane each, every lane sending a
   malformed frame as soon as the last one's refusal is back;
+* connect_storm: connections opened and closed as fast as one process can, each saying
+  hello (accepting is time-sliced: a few a turn of the loop);
+* load_flood: `load_real` frames, each with a descriptor of a small file, as fast as the
+  replies come (at most two wait per connection; the vnpu daemon refuses each on its
+  loader, which is what is bounded);
 * cpu_burn, the control: a process that keeps a core busy and never calls the daemon. On
   a 2-core machine any attacker takes a core from the client and the daemon; the
   `_vs_cpu_burn` ratios show what is left, the daemon's own share.
 
-For each: the median over rounds of the round's p50 and p99 (microseconds) and the p99
-against the quiet rounds' (target: at most 2x). Run as root, so that the attacker can
-have a uid of its own (otherwise it shares the benchmark's and is management, exempt
-from the per-uid caps).
+For each: the median over rounds of the round's p50 and p99 (microseconds), the p99
+against the quiet rounds' (target: at most 2x) and against the CPU-burn control's (target:
+at most 1.5x), and the daemon's descriptors and resident size once the attacker is gone,
+against the start (targets: at most 8 more descriptors, 16 MiB more). Run as root, so
+that the attacker can have a uid of its own (otherwise it shares the benchmark's and is
+management, exempt from the per-uid caps).
 
 Usage: python benchmarks/daemon_attacks.py [--json] [--quick] [--samples N] [--rounds R]
        [--attacks NAME ...]
@@ -157,6 +164,33 @@ def lane_flood(path: str, stop: Stop) -> None:
     stop.wait()
 
 
+def connect_storm(path: str, stop: Stop) -> None:
+    """Connect, say hello, close, again, as fast as one process can."""
+    while not stop.is_set():
+        with contextlib.suppress(OSError):
+            _connect(path).close()
+
+
+def load_flood(path: str, stop: Stop) -> None:
+    """`load_real` frames with a descriptor each, as fast as their replies come back."""
+    sock = _connect(path)
+    reader = wire.FrameReader()
+    request = npu.ModelLoadRequest.Builder(1).build()
+    sock.sendall(wire.encode(wire.RequestCanLoad(seq=1, request=request)))
+    with tempfile.TemporaryFile() as model:
+        model.write(b"not a model")
+        model.flush()
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [model.fileno()]))]
+        load = wire.encode(wire.LoadRealModel(seq=2, request_id=1, descriptor=True))
+        with contextlib.suppress(OSError):
+            while not stop.is_set():
+                for _ in range(16):
+                    sock.sendmsg([load], rights)
+                got = 0
+                while got < 16:
+                    got += sum(1 for body in reader.feed(sock.recv(1 << 20)) if b'"seq":2' in body)
+
+
 def cpu_burn(path: str, stop: Stop) -> None:
     """The control: a process that only keeps a core busy and never calls the daemon."""
     while not stop.is_set():
@@ -164,8 +198,22 @@ def cpu_burn(path: str, stop: Stop) -> None:
 
 
 ATTACKS: dict[str, Callable[[str, Stop], None]] = {
-    f.__name__: f for f in (cpu_burn, info_flood, idle_1000, partial, no_read, hoard, lane_flood)
+    f.__name__: f
+    for f in (
+        cpu_burn,
+        info_flood,
+        idle_1000,
+        partial,
+        no_read,
+        hoard,
+        lane_flood,
+        connect_storm,
+        load_flood,
+    )
 }
+VS_BURN_RATIO = 1.5
+MAX_MORE_FDS = 8
+MAX_MORE_RSS_MIB = 16
 CONTROL = "cpu_burn"
 QUICK_SAMPLES = 200
 """`--quick`: round trips per round, one round (seconds; noisy figures)."""
@@ -173,11 +221,28 @@ QUICK_SAMPLES = 200
 
 def targets(attacks: list[str]) -> list[Target]:
     """Each attack's p99 at most `TARGET_RATIO` times the quiet rounds' (issue 11)."""
+    hostile = [name for name in attacks if name != CONTROL]
     return [
-        Target(f"{name}_p99_ratio", "<=", TARGET_RATIO, why="issue 11: p99 against quiet")
-        for name in attacks
-        if name != CONTROL
+        *(
+            Target(f"{name}_p99_ratio", "<=", TARGET_RATIO, why="issue 11: p99 against quiet")
+            for name in hostile
+        ),
+        *(
+            Target(f"{name}_p99_vs_cpu_burn", "<=", VS_BURN_RATIO, why="issue 29: vs control")
+            for name in hostile
+        ),
+        Target("most_fds_after", "<=", MAX_MORE_FDS, why="issue 29: descriptors come back"),
+        Target("most_rss_mib_after", "<=", MAX_MORE_RSS_MIB, why="issue 29: memory comes back"),
     ]
+
+
+def _daemon_state(pid: int) -> tuple[int, float]:
+    """The daemon's open descriptors and resident MiB."""
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return fds, int(line.split()[1]) / 1024
+    return fds, 0.0
 
 
 def _attacker(name: str, path: str, stop: Stop, ready: Stop) -> None:
@@ -223,8 +288,10 @@ def measure(samples: int, rounds: int, attacks: list[str] | None = None) -> dict
         daemon = _serve(path)
         client = _connect(str(path))
         next_id = 0
+        after: list[tuple[int, float]] = []
         try:
             raw_round(client, samples, next_id)  # warm-up
+            start = _daemon_state(daemon.pid)
             for round_number in range(rounds):
                 for name, rows in figures.items():
                     progress.step(f"round {round_number + 1} of {rounds}, {name}")
@@ -245,6 +312,8 @@ def measure(samples: int, rounds: int, attacks: list[str] | None = None) -> dict
                         attacker.join(10)
                         if attacker.is_alive():
                             attacker.kill()
+                        time.sleep(1.0)  # its connections closed, memory handed back
+                        after.append(_daemon_state(daemon.pid))
             progress.done()
         finally:
             client.close()
@@ -256,6 +325,8 @@ def measure(samples: int, rounds: int, attacks: list[str] | None = None) -> dict
         "samples_per_round": samples,
         "rounds": rounds,
         "attacker_has_own_uid": os.geteuid() == 0,
+        "most_fds_after": max(fds - start[0] for fds, _ in after),
+        "most_rss_mib_after": round(max(rss - start[1] for _, rss in after), 1),
     }
     for name, rows in figures.items():
         p50 = statistics.median(r[0] for r in rows)
