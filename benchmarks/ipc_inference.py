@@ -11,6 +11,10 @@
   figure is the median over rounds. Targets: p50 <= 100 us, p99 <= 300 us at 1 MiB.
 * in place: the same through the daemon with the input in a `shared_array` (the app
   wrote it into the segment: no copy); `in_place_overhead_*`.
+* hosted: the same two through a daemon started with `--model-hosts` (the model runs in a
+  host process: one more hop); `hosted_*_vs_floor` is its overhead over the floor's.
+  Targets (issue 29): 4 KiB p50 at most 2x the floor, 1 MiB `shared_array` p50 at most
+  1.5x.
 * floor: a bare round trip with no framework (benchmarks/ipc_floor.py: a memfd, a
   socketpair and a process blocked in recv running the same model's session) less the
   same session run here, in the same rounds: what moving the input to another process
@@ -90,8 +94,8 @@ def _timed(call: Callable[[], object], samples: int) -> list[float]:
     return times
 
 
-def _serve(path: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "npumanager", "serve", "--driver", "onnxruntime"]
+def _serve(path: Path, *extra: str) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "npumanager", "serve", "--driver", "onnxruntime", *extra]
     daemon = subprocess.Popen([*command, "--socket", str(path), "--log-level", "warning"])
     deadline = time.monotonic() + 30
     while not path.exists():
@@ -101,10 +105,11 @@ def _serve(path: Path) -> subprocess.Popen[bytes]:
     return daemon
 
 
-KINDS = ("in_process", "daemon", "in_place", "crossed", "bare")
+KINDS = ("in_process", "daemon", "in_place", "hosted", "hosted_in_place", "crossed", "bare")
 """What each round times: `LoadedModel.run` in process and through the daemon (a plain
 input, copied into the segment), through the daemon with a `shared_array` input (read in
-place), the floor's bare round trip and the bare session here."""
+place), the same two through a daemon with `--model-hosts`, the floor's bare round trip
+and the bare session here."""
 
 
 def overhead(samples: int, rounds: int) -> dict[str, Any]:
@@ -115,23 +120,31 @@ def overhead(samples: int, rounds: int) -> dict[str, Any]:
     session = floor_session(summing_model())
     with tempfile.TemporaryDirectory() as tmp:
         daemon = _serve(Path(tmp) / "npu.sock")
+        hosting = _serve(Path(tmp) / "hosts.sock", "--model-hosts")
         try:
-            # The app is in the foreground, as the platform would say, in both places.
+            # The app is in the foreground, as the platform would say, in every place.
             service.set_uid_importance(10001, npu.IMPORTANCE_FOREGROUND)
-            with npu.DaemonClient(Path(tmp) / "npu.sock") as admin:
-                admin.set_uid_importance(os.getuid(), npu.IMPORTANCE_FOREGROUND)
+            for name in ("npu.sock", "hosts.sock"):
+                with npu.DaemonClient(Path(tmp) / name) as admin:
+                    admin.set_uid_importance(os.getuid(), npu.IMPORTANCE_FOREGROUND)
             local = _loaded(service.manager(10001, uses_feature=True))
             remote_manager = npu.connect(Path(tmp) / "npu.sock", uses_feature=True)
             remote = _loaded(remote_manager)
+            hosted_manager = npu.connect(Path(tmp) / "hosts.sock", uses_feature=True)
+            hosted = _loaded(hosted_manager)
             for _ in range(rounds):
                 for size, nbytes in SIZES.items():
                     x = np.ones((nbytes // (4 * WIDTH), WIDTH), dtype=np.float32)
                     shared = remote_manager.shared_array(x.shape)
                     shared[:] = x
+                    shared_hosted = hosted_manager.shared_array(x.shape)
+                    shared_hosted[:] = x
                     calls = {
                         "in_process": lambda x=x: local.run({"x": x}),
                         "daemon": lambda x=x: remote.run({"x": x}),
                         "in_place": lambda s=shared: remote.run({"x": s}),
+                        "hosted": lambda x=x: hosted.run({"x": x}),
+                        "hosted_in_place": lambda s=shared_hosted: hosted.run({"x": s}),
                         "crossed": lambda x=x: [floor.run(x)],
                         "bare": lambda x=x: session.run(None, {"x": x}),
                     }
@@ -145,9 +158,11 @@ def overhead(samples: int, rounds: int) -> dict[str, Any]:
                         }
                     )
             remote_manager.close()
+            hosted_manager.close()
         finally:
-            daemon.terminate()
-            daemon.wait(30)
+            for process in (daemon, hosting):
+                process.terminate()
+                process.wait(30)
             service.close()
             floor.close()
     result: dict[str, Any] = {}
@@ -157,10 +172,19 @@ def overhead(samples: int, rounds: int) -> dict[str, Any]:
         for name, kind, base in (
             ("infer_overhead", "daemon", "in_process"),
             ("in_place_overhead", "in_place", "in_process"),
+            ("hosted_overhead", "hosted", "in_process"),
+            ("hosted_in_place_overhead", "hosted_in_place", "in_process"),
             ("floor", "crossed", "bare"),
         ):
             result[f"{name}_{size}_p50_us"] = _median(figures, kind, base, 0)
             result[f"{name}_{size}_p99_us"] = _median(figures, kind, base, 1)
+        floor = max(result[f"floor_{size}_p50_us"], 1.0)
+        for name in ("infer_overhead", "in_place_overhead", "hosted_overhead"):
+            result[f"{name}_{size}_p50_vs_floor"] = round(
+                result[f"{name}_{size}_p50_us"] / floor, 2
+            )
+        hosted_in_place = result[f"hosted_in_place_overhead_{size}_p50_us"]
+        result[f"hosted_in_place_{size}_p50_vs_floor"] = round(hosted_in_place / floor, 2)
     return result
 
 
@@ -189,6 +213,10 @@ def two_processes(seconds: float, rounds: int = 3) -> dict[str, Any]:
 
 
 TARGETS = [
+    Target("hosted_overhead_4kib_p50_vs_floor", "<=", 2.0, why="issue 29: a host's hop, 4 KiB"),
+    Target(
+        "hosted_in_place_1mib_p50_vs_floor", "<=", 1.5, why="issue 29: a host's hop, 1 MiB shared"
+    ),
     Target("infer_overhead_1mib_p50_us", "<=", 100, why="issue 16: 1 MiB inputs, p50"),
     Target("infer_overhead_1mib_p99_us", "<=", 300, why="issue 16: 1 MiB inputs, p99"),
     Target(

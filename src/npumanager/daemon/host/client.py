@@ -90,7 +90,7 @@ class ModelHost:
         self.uid, self.gid = host_identity(uid, gid)
         self._on_death = on_death
         self._ids = itertools.count(1)
-        self._waiting: dict[int, Future[tuple[dict[str, Any], list[int]]]] = {}
+        self._waiting: dict[int, Future[messages.Message]] = {}
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self.dead: str | None = None
@@ -124,47 +124,53 @@ class ModelHost:
         except (OSError, IllegalArgumentError) as exc:
             self.kill()
             raise ModelHostError(f"the model host did not start: {exc}") from None
-        if message is None or "ready" not in message[0]:
+        if message is None or "ready" not in message.header:
             self.kill()
             raise ModelHostError(f"the model host did not start ({self._exit_status()})")
         self._sock.settimeout(None)
-        return message[0]
+        return message.header
 
     # Asking ---------------------------------------------------------------------------
 
     def ask(
-        self, op: str, fds: Sequence[int] = (), *, timeout: float | None = -1.0, **fields: Any
-    ) -> tuple[dict[str, Any], list[int]]:
+        self,
+        op: str,
+        fds: Sequence[int] = (),
+        *,
+        timeout: float | None = -1.0,
+        payload: bytes = b"",
+        **fields: Any,
+    ) -> messages.Message:
         """Send a request and wait for its answer (`ModelHostError` if the host dies, or
         does not answer within `timeout`, by default `HostSettings.answer_s`, None for
         ever: it is killed)."""
         request_id = next(self._ids)
-        waiting: Future[tuple[dict[str, Any], list[int]]] = Future()
+        waiting: Future[messages.Message] = Future()
         with self._lock:
             if self.dead is not None:
                 raise ModelHostError(f"the model host {self.dead}")
             self._waiting[request_id] = waiting
-        self.tell(op, fds, id=request_id, **fields)
+        self.tell(op, fds, payload, id=request_id, **fields)
         try:
             limit = self.settings.answer_s if timeout is not None and timeout < 0 else timeout
-            header, got = waiting.result(limit)
+            answer = waiting.result(limit)
         except TimeoutError:
             self.kill()
             raise ModelHostError(
                 f"the model host did not answer {op} within {self.settings.answer_s} s; "
                 "it was killed"
             ) from None
-        if "error" in header:
-            for fd in got:
+        if "error" in answer.header:
+            for fd in answer.fds:
                 os.close(fd)
-            raise _error_class(header["error"])(str(header.get("message", "")))
-        return header, got
+            raise _error_class(answer.header["error"])(str(answer.header.get("message", "")))
+        return answer
 
-    def tell(self, op: str, fds: Sequence[int] = (), **fields: Any) -> None:
+    def tell(self, op: str, fds: Sequence[int] = (), payload: bytes = b"", **fields: Any) -> None:
         """Send a request that has no answer (or whose answer `ask` waits for)."""
         try:
             with self._send_lock:
-                messages.send(self._sock, {"op": op, **fields}, fds)
+                messages.send(self._sock, {"op": op, **fields}, fds, payload)
         except OSError:
             pass  # the host died: the reader says so
 
@@ -178,19 +184,21 @@ class ModelHost:
             raise IllegalArgumentError("a model host takes a model file or its bytes")
         try:
             count_id = next(self._ids)
-            header, _ = self.ask(
+            header = self.ask(
                 "count", [fd, *sidecars.values()], sidecars=list(sidecars), counted=count_id
-            )
+            ).header
         finally:
             if owned:
                 os.close(fd)
-        return HostCounted(int(header["counted"]), _count_of(header.get("weight_bytes")))
+        return HostCounted(count_id, _count_of(header.get("weight_bytes")))
 
     def open(self, device: int, counted: Counted, band: int) -> HostedSession:
         """Open a counted model in the host: its session as the daemon sees it."""
         assert isinstance(counted, HostCounted)
         model_id = next(self._ids)
-        header, _ = self.ask("open", counted=counted.id, model=model_id, device=device, band=band)
+        header = self.ask(
+            "open", counted=counted.id, model=model_id, device=device, band=band
+        ).header
         inputs = _input_specs(header.get("inputs"))
         weight = _count_of(header.get("weight_bytes"))
         if weight != counted.weight_bytes:
@@ -220,15 +228,14 @@ class ModelHost:
                 break
             if message is None:
                 break
-            header, fds = message
-            reply_to = header.get("id")
+            reply_to = message.header.get("id")
             with self._lock:
                 waiting = self._waiting.pop(reply_to, None) if type(reply_to) is int else None
             if waiting is None:
-                for fd in fds:
+                for fd in message.fds:
                     os.close(fd)
                 continue
-            waiting.set_result((header, fds))
+            waiting.set_result(message)
         self._died(reason)
 
     def _died(self, reason: str) -> None:
@@ -290,14 +297,22 @@ class HostedSession:
     def run(self, feeds: dict[str, np.ndarray], call: Call) -> list[np.ndarray]:
         """Run one inference in the host: inputs in a memfd, outputs in the one it sends."""
         host = self.host
-        fd, refs = messages.write_tensors(list(feeds.values()), "npu-in")
+        arrays = list(feeds.values())
+        packed = messages.pack_tensors(arrays)
+        payload, fds = b"", []
+        if packed is None:
+            fd, refs = messages.write_tensors(arrays, "npu-in")
+            fds.append(fd)
+        else:
+            payload, refs = packed
         run_id = next(host._ids)
         try:
             call.arm(lambda: host.tell("cancel", run=run_id))
-            header, fds = host.ask(
+            answer = host.ask(
                 "run",
-                [fd],
+                fds,
                 timeout=None,
+                payload=payload,
                 run=run_id,
                 model=self.model_id,
                 names=list(feeds),
@@ -305,12 +320,18 @@ class HostedSession:
                 background=call.background,
             )
         finally:
-            os.close(fd)
-        if len(fds) != 1:
-            for extra in fds:
+            for fd in fds:
+                os.close(fd)
+        if len(answer.fds) > 1:
+            for extra in answer.fds:
                 os.close(extra)
-            raise ModelHostError("the model host answered a run without its outputs")
-        return messages.read_tensors(fds[0], header.get("outputs"))
+            raise ModelHostError("the model host answered a run with more than its outputs")
+        source = answer.fds[0] if answer.fds else answer.payload
+        try:
+            return messages.read_tensors(source, answer.header.get("outputs"))
+        except IllegalArgumentError as exc:
+            host.kill()
+            raise ModelHostError(f"the model host answered a run badly ({exc}); killed") from None
 
     def set_band(self, band: int, bands: int) -> None:
         """Relay the band to the host's runtime."""

@@ -1,9 +1,10 @@
-"""What the daemon and a model host say to each other: JSON headers on a SOCK_SEQPACKET
-socketpair, descriptors beside them (SCM_RIGHTS), tensors in memfds.
+"""What the daemon and a model host say to each other: messages on a SOCK_SEQPACKET
+socketpair, each a JSON header and the bytes after it, descriptors beside them
+(SCM_RIGHTS); tensors of up to `INLINE_BYTES` in the message, larger ones in a memfd.
 
-The daemon trusts nothing a host says: a header is at most `MAX_HEADER_BYTES` of JSON, at
-most `MAX_FDS` descriptors come with it, and every tensor a host names is checked against
-the memfd it came in (`read_tensors`) before an array is made over it.
+The daemon trusts nothing a host says: a message is at most `MAX_MESSAGE_BYTES`, at most
+`MAX_FDS` descriptors come with it, and every tensor a host names is checked against the
+bytes or the memfd it came in (`read_tensors`) before an array is made over it.
 """
 
 from __future__ import annotations
@@ -14,23 +15,37 @@ import mmap
 import os
 import socket
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from npumanager.daemon.wire import tensors
 from npumanager.errors import IllegalArgumentError
 
-MAX_HEADER_BYTES = 64 << 10
+MAX_HEADER_BYTES = 16 << 10
+INLINE_BYTES = 64 << 10
+"""Tensors of at most this many bytes in all travel in the message itself."""
+MAX_MESSAGE_BYTES = 4 + MAX_HEADER_BYTES + INLINE_BYTES
 MAX_FDS = 8
 _FD_SIZE = array.array("i").itemsize
 
 
-def send(sock: socket.socket, header: dict[str, Any], fds: Sequence[int] = ()) -> None:
-    """One message: its header, and descriptors beside it."""
-    body = json.dumps(header, separators=(",", ":")).encode()
-    if len(body) > MAX_HEADER_BYTES:
-        raise IllegalArgumentError(f"a host message of {len(body)} bytes is over the limit")
+class Message(NamedTuple):
+    """A message received: its header, the bytes after it, and its descriptors (owned)."""
+
+    header: dict[str, Any]
+    payload: bytes
+    fds: list[int]
+
+
+def send(
+    sock: socket.socket, header: dict[str, Any], fds: Sequence[int] = (), payload: bytes = b""
+) -> None:
+    """One message: its header and payload, and descriptors beside it."""
+    head = json.dumps(header, separators=(",", ":")).encode()
+    if len(head) > MAX_HEADER_BYTES or len(payload) > INLINE_BYTES:
+        raise IllegalArgumentError(f"a host message of {len(head)} bytes is over the limit")
+    body = len(head).to_bytes(4, "little") + head + payload
     if fds:
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
         sock.sendmsg([body], rights)
@@ -38,12 +53,12 @@ def send(sock: socket.socket, header: dict[str, Any], fds: Sequence[int] = ()) -
         sock.sendall(body)
 
 
-def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
-    """The next message and its descriptors (the caller owns them); None at the end.
+def receive(sock: socket.socket) -> Message | None:
+    """The next message (the caller owns its descriptors); None at the end.
     `IllegalArgumentError` for one that is not a JSON object within the limits (its
     descriptors closed)."""
     body, ancillary, flags, _ = sock.recvmsg(
-        MAX_HEADER_BYTES + 1, socket.CMSG_SPACE(MAX_FDS * _FD_SIZE)
+        MAX_MESSAGE_BYTES + 1, socket.CMSG_SPACE(MAX_FDS * _FD_SIZE)
     )
     fds: list[int] = []
     for level, kind, data in ancillary:
@@ -53,22 +68,43 @@ def receive(sock: socket.socket) -> tuple[dict[str, Any], list[int]] | None:
     if not body and not fds:
         return None
     try:
-        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(body) > MAX_HEADER_BYTES:
+        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(body) > MAX_MESSAGE_BYTES:
             raise IllegalArgumentError("a host message is over the limit")
-        header = json.loads(body)
+        size = int.from_bytes(body[:4], "little")
+        if len(body) < 4 or size > min(MAX_HEADER_BYTES, len(body) - 4):
+            raise IllegalArgumentError("a host message's header runs past its end")
+        header = json.loads(body[4 : 4 + size])
         if not isinstance(header, dict):
             raise IllegalArgumentError("a host message is not a JSON object")
     except (ValueError, IllegalArgumentError) as exc:
         for fd in fds:
             os.close(fd)
         raise IllegalArgumentError(f"an unreadable host message: {exc}") from None
-    return header, fds
+    return Message(header, body[4 + size :], fds)
+
+
+def pack_tensors(arrays: Sequence[np.ndarray]) -> tuple[bytes, list[dict[str, Any]]] | None:
+    """The arrays laid out in bytes for the message itself, with their refs; None when
+    they are over `INLINE_BYTES` (a memfd carries them: `write_tensors`)."""
+    contiguous = [np.require(a, requirements="C") for a in arrays]
+    offsets, size = tensors.layout(contiguous)
+    if size > INLINE_BYTES:
+        return None
+    names = [tensors.dtype_name(a) for a in contiguous]
+    out = bytearray(size)
+    for a, offset in zip(contiguous, offsets, strict=True):
+        out[offset : offset + a.nbytes] = a.tobytes()
+    refs = [
+        {"dtype": dtype, "shape": list(a.shape), "offset": offset, "nbytes": a.nbytes}
+        for a, dtype, offset in zip(contiguous, names, offsets, strict=True)
+    ]
+    return bytes(out), refs
 
 
 def write_tensors(arrays: Sequence[np.ndarray], name: str) -> tuple[int, list[dict[str, Any]]]:
     """A memfd holding the arrays one after the other (`tensors.layout`), and a ref per
     array: its dtype, shape, offset and size."""
-    contiguous = [np.ascontiguousarray(a) for a in arrays]
+    contiguous = [np.require(a, requirements="C") for a in arrays]
     names = [tensors.dtype_name(a) for a in contiguous]
     offsets, size = tensors.layout(contiguous)
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
@@ -88,34 +124,46 @@ def write_tensors(arrays: Sequence[np.ndarray], name: str) -> tuple[int, list[di
     return fd, refs
 
 
-def read_tensors(fd: int, refs: Any, *, writable: bool = False) -> list[np.ndarray]:
-    """Arrays over a memfd's tensors, each checked against the memfd first (its dtype, its
-    shape against its size, its bytes inside the file); the descriptor is closed."""
+def read_tensors(source: int | bytes, refs: Any) -> list[np.ndarray]:
+    """Arrays over the tensors of a memfd (closed after) or of a message's payload, each
+    checked first: its dtype, its shape against its size, its bytes inside the source."""
+    if isinstance(source, bytes):
+        checked = _checked_refs(refs, len(source))
+        return [
+            tensors.view(source, dtype, shape, offset) if nbytes else np.empty(shape, dtype)
+            for dtype, shape, offset, nbytes in checked
+        ]
+    fd = source
     try:
         size = os.fstat(fd).st_size
-        if not isinstance(refs, list):
-            raise IllegalArgumentError("tensor refs must be a list")
-        checked = []
-        for index, ref in enumerate(refs):
-            if not isinstance(ref, dict):
-                raise IllegalArgumentError("a tensor ref must be an object")
-            dtype, shape = ref.get("dtype"), ref.get("shape")
-            offset, nbytes = ref.get("offset"), ref.get("nbytes")
-            if dtype not in tensors.DTYPES or not isinstance(shape, list):
-                raise IllegalArgumentError(f"tensor {index} has no known dtype and shape")
-            if not all(type(d) is int and d >= 0 for d in shape) or len(shape) > 32:
-                raise IllegalArgumentError(f"tensor {index} has a bad shape {shape!r}")
-            if type(offset) is not int or type(nbytes) is not int:
-                raise IllegalArgumentError(f"tensor {index} has a bad offset or size")
-            tensors.check_tensor(str(index), dtype, shape, offset, nbytes, size)
-            checked.append((dtype, shape, offset, nbytes))
+        checked = _checked_refs(refs, size)
         if not size:
             return [np.empty(shape, tensors.DTYPES[dtype]) for dtype, shape, _, _ in checked]
-        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-        memory = mmap.mmap(fd, size, access=access)
+        memory = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
     finally:
         os.close(fd)
     return [
         tensors.view(memory, dtype, shape, offset) if nbytes else np.empty(shape, dtype)
         for dtype, shape, offset, nbytes in checked
     ]
+
+
+def _checked_refs(refs: Any, size: int) -> list[tuple[str, list[int], int, int]]:
+    """Each ref's dtype, shape, offset and size, checked against a source of `size` bytes."""
+    if not isinstance(refs, list):
+        raise IllegalArgumentError("tensor refs must be a list")
+    checked = []
+    for index, ref in enumerate(refs):
+        if not isinstance(ref, dict):
+            raise IllegalArgumentError("a tensor ref must be an object")
+        dtype, shape = ref.get("dtype"), ref.get("shape")
+        offset, nbytes = ref.get("offset"), ref.get("nbytes")
+        if dtype not in tensors.DTYPES or not isinstance(shape, list):
+            raise IllegalArgumentError(f"tensor {index} has no known dtype and shape")
+        if not all(type(d) is int and d >= 0 for d in shape) or len(shape) > 32:
+            raise IllegalArgumentError(f"tensor {index} has a bad shape {shape!r}")
+        if type(offset) is not int or type(nbytes) is not int:
+            raise IllegalArgumentError(f"tensor {index} has a bad offset or size")
+        tensors.check_tensor(str(index), dtype, shape, offset, nbytes, size)
+        checked.append((dtype, shape, offset, nbytes))
+    return checked

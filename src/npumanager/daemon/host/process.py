@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,12 @@ from npumanager.vendor_drivers.realexec.base import RealDriver
 from npumanager.vendor_drivers.realexec.osprio import lower_thread_priority
 from npumanager.vendor_drivers.realexec.session import Call, Counted, Session
 
+RUNNERS = 4
+"""Threads of each kind that run inferences; the daemon's channels bound what runs at once."""
+BACKGROUND_NICE = 10
+"""How much lower a background inference's thread runs (`nice` steps), as the driver's own
+background workers do."""
+
 
 class Host:
     """One client's models in this process, and the runs in flight."""
@@ -43,6 +50,15 @@ class Host:
         self._sessions: dict[int, Session] = {}
         self._calls: dict[int, Call] = {}
         self._lock = threading.Lock()
+        self._runners = (
+            ThreadPoolExecutor(RUNNERS, thread_name_prefix="npu-host-run"),
+            ThreadPoolExecutor(
+                RUNNERS,
+                thread_name_prefix="npu-host-background",
+                initializer=lambda: lower_thread_priority(BACKGROUND_NICE, False),
+            ),
+        )
+        """Threads that run inferences: the foreground's, and the background's (niced)."""
 
     def serve(self) -> None:
         """Answer the daemon's requests until it closes its end."""
@@ -53,10 +69,11 @@ class Host:
                 return
             if message is None:
                 return
-            header, fds = message
+            header, payload, fds = message
             op = header.get("op")
             if op == "run":
-                threading.Thread(target=self._run, args=(header, fds), daemon=True).start()
+                runners = self._runners[bool(header.get("background"))]
+                runners.submit(self._run, header, payload, fds)
                 continue
             try:
                 reply = self._handle(op, header, fds)
@@ -112,37 +129,40 @@ class Host:
             return {}
         raise NpuManagerError(f"unknown host op {op!r}")
 
-    def _run(self, header: dict[str, Any], fds: list[int]) -> None:
+    def _run(self, header: dict[str, Any], payload: bytes, fds: list[int]) -> None:
         reply_id, run_id = header["id"], header["run"]
         call = Call(bool(header.get("background")))
         with self._lock:
             self._calls[run_id] = call
+        out_fd = -1
         try:
-            if call.background:
-                lower_thread_priority(header.get("nice", 10), False)
-            arrays = messages.read_tensors(fds.pop(), header["inputs"])
+            arrays = messages.read_tensors(fds.pop() if fds else payload, header["inputs"])
             feeds = dict(zip(header["names"], arrays, strict=True))
-            outputs = self._sessions[header["model"]].run(feeds, call)
-            out_fd, refs = messages.write_tensors(
-                [np.asarray(o) for o in outputs], f"npu-out-{run_id}"
-            )
+            outputs = [np.asarray(o) for o in self._sessions[header["model"]].run(feeds, call)]
+            packed = messages.pack_tensors(outputs)
+            if packed is None:
+                out_fd, refs = messages.write_tensors(outputs, f"npu-out-{run_id}")
         except Exception as exc:
-            for fd in fds:
-                os.close(fd)
+            _close(fds)
             self._reply({"id": reply_id, **_error(exc)})
             return
         finally:
             with self._lock:
                 self._calls.pop(run_id, None)
+        if packed is not None:
+            self._reply({"id": reply_id, "outputs": packed[1]}, payload=packed[0])
+            return
         try:
             self._reply({"id": reply_id, "outputs": refs}, [out_fd])
         finally:
             os.close(out_fd)
 
-    def _reply(self, header: dict[str, Any], fds: list[int] | None = None) -> None:
+    def _reply(
+        self, header: dict[str, Any], fds: list[int] | None = None, payload: bytes = b""
+    ) -> None:
         # An OSError: the daemon went, and serve() ends on its next receive.
         with self._send_lock, contextlib.suppress(OSError):
-            messages.send(self._sock, header, fds or ())
+            messages.send(self._sock, header, fds or (), payload)
 
 
 def _close(fds: list[int]) -> None:
