@@ -75,6 +75,7 @@ def test_a_clients_models_run_in_a_confined_host_of_its_own_uid(
     assert seen["Uid"].split() == [str(FOREGROUND_UID)] * 4, "the app's own uid, never root"
     assert seen["Groups"].strip() == "", "no supplementary groups"
     assert seen["NoNewPrivs"].strip() == "1"
+    assert seen["Seccomp"].strip() == "2", "a seccomp filter"
     assert os.readlink(f"/proc/{pid}/cwd").endswith("(deleted)"), "an empty, removed cwd"
     assert os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
     assert info(daemon)["daemon"]["model_hosts"]["started"] == 1
@@ -127,3 +128,44 @@ def test_a_crashed_host_ends_only_its_apps_models_and_the_next_load_works(
     assert victim.ok("real_run", id=2, rows=4, value=0.5) == in_process_digest(4, 0.5)
     assert host_pid(daemon, BACKGROUND_UID) != pid
     assert daemon.alive
+
+
+FILTERED = r"""
+import ctypes, socket
+from npumanager.daemon.host import seccomp
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # no new privileges, as the host sets first
+seccomp.install()
+refused = []
+for family in (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK):
+    try:
+        socket.socket(family, socket.SOCK_DGRAM).close()
+    except PermissionError:
+        refused.append(family.name)
+socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
+for name, call in (("ptrace", lambda: libc.ptrace(0, 1, 0, 0)),
+                   ("unshare", lambda: libc.unshare(0x20000)),
+                   ("mount", lambda: libc.mount(b"none", b"/", None, 0, None))):
+    if call() == -1 and ctypes.get_errno() == 1:
+        refused.append(name)
+print(" ".join(refused))
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the filter is built for x86_64")
+def test_the_hosts_seccomp_filter_refuses_network_sockets_tracing_and_mounting() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FILTERED], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [
+        "AF_INET",
+        "AF_INET6",
+        "AF_NETLINK",
+        "ptrace",
+        "unshare",
+        "mount",
+    ]

@@ -4,9 +4,10 @@ Started as root by a root daemon, a host takes a mount namespace of its own (mou
 private), lays empty tmpfs over the places that hold people's and services' files
 (`HIDDEN`, except one that holds the Python the host runs from), works in an empty
 directory (made, entered and removed: nothing relative resolves), drops every group,
-takes the unprivileged uid and gid it was given, and sets no-new-privileges and
-not-dumpable. Started by a daemon that is not root, it can only take the last steps
-(its uid is the daemon's: the only one such a daemon can give).
+takes the unprivileged uid and gid it was given, sets no-new-privileges and
+not-dumpable, and installs a seccomp filter (`seccomp`). Started by a daemon that is
+not root, it can only take the last steps (its uid is the daemon's: the only one such a
+daemon can give).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import npumanager
+from npumanager.daemon.host import seccomp
 
 log = logging.getLogger(__name__)
 
@@ -83,5 +85,6 @@ def confine(uid: int, gid: int) -> dict[str, object]:
         os.setuid(uid)
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
     _check(_libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
+    done["seccomp"] = seccomp.install()
     done["uid"], done["gid"] = os.getuid(), os.getgid()
     return done
