@@ -169,3 +169,22 @@ def test_the_hosts_seccomp_filter_refuses_network_sockets_tracing_and_mounting()
         "unshare",
         "mount",
     ]
+
+
+def test_a_host_that_does_not_answer_within_its_limit_is_killed() -> None:
+    """A stopped host (SIGSTOP: it can never answer) is killed once `answer_s` has passed
+    on a request, and says so; the limit is what is under test, not the machine's speed."""
+    from npumanager.daemon.host.client import HostSettings, ModelHost
+    from npumanager.errors import ModelHostError
+    from npumanager.vendor_drivers.realexec.chain import chain_model
+
+    host = ModelHost(HostSettings("onnxruntime", answer_s=1.0), FOREGROUND_UID, FOREGROUND_UID)
+    try:
+        os.kill(host.pid, signal.SIGSTOP)
+        with pytest.raises(ModelHostError, match="did not answer count within 1.0 s"):
+            host.count(chain_model(), {})
+        wait_for(lambda: gone(host.pid))
+        with pytest.raises(ModelHostError, match="the model host was stopped"):
+            host.count(chain_model(), {})
+    finally:
+        host.kill()

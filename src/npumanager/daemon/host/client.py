@@ -38,7 +38,7 @@ from npumanager.vendor_drivers.realexec.session import Call, Counted, InHost, In
 log = logging.getLogger(__name__)
 
 HOST_ANSWER_S = 120.0
-"""How long a host may take to start, count, open or drop a model before it is killed."""
+"""How long a host may take to start, or to count or open a model, before it is killed."""
 NOBODY = 65534
 """The uid and gid a host of root or of the daemon's own uid runs as."""
 
@@ -51,6 +51,7 @@ class HostSettings:
     options: Mapping[str, Any] = field(default_factory=dict)
     devices: int = 1
     answer_s: float = HOST_ANSWER_S
+    start_s: float = HOST_ANSWER_S
 
 
 def can_host(driver: object) -> bool:
@@ -118,7 +119,7 @@ class ModelHost:
         self._reader.start()
 
     def _first_message(self) -> dict[str, Any]:
-        self._sock.settimeout(self.settings.answer_s)
+        self._sock.settimeout(self.settings.start_s)
         try:
             message = messages.receive(self._sock)
         except (OSError, IllegalArgumentError) as exc:
