@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 from helpers.real_daemon import (  # noqa: E402
+    app,
     granted,
     in_process_digest,
     info,
@@ -188,3 +189,38 @@ def test_a_host_that_does_not_answer_within_its_limit_is_killed() -> None:
             host.count(chain_model(), {})
     finally:
         host.kill()
+
+
+def test_a_client_killed_mid_load_stops_its_load_and_the_daemon_keeps_none_of_it(
+    start_onnxruntime: Callable[..., DaemonProcess], socket_dir: Path, model_file: Path
+) -> None:
+    """The model (256 MiB) is parsed and opened in the host: kill -9 the client while its
+    host opens it, and the host is gone, the loader free, the daemon as big as before."""
+    import json
+
+    from helpers.onnx_builders import constant_model
+
+    big = socket_dir / "big.onnx"
+    big.write_bytes(constant_model(256 << 20).SerializeToString())
+    big.chmod(0o644)
+    daemon = hosted(start_onnxruntime)
+    loaded_app(daemon, BACKGROUND_UID, model_file).close()  # the daemon warm, a host come and gone
+    baseline = daemon.rss_kib()
+    loader = app(daemon, FOREGROUND_UID)
+    granted(loader)
+    assert loader.process.stdin is not None
+    loader.process.stdin.write(json.dumps({"op": "real_load", "id": 1, "path": str(big)}) + "\n")
+    loader.process.stdin.flush()
+    wait_for(lambda: info(daemon)["daemon"]["model_loads"] == {"queued": 0, "running": 1})
+    wait_for(lambda: isinstance(host_of(daemon, FOREGROUND_UID), int))
+    pid = host_of(daemon, FOREGROUND_UID)
+    loader.kill9()
+    wait_for(lambda: gone(pid))
+    wait_for(lambda: info(daemon)["daemon"]["model_loads"] == {"queued": 0, "running": 0})
+    wait_for(lambda: daemon.rss_kib() <= baseline + (16 << 10))
+    assert info(daemon)["devices"][0]["models_loaded"] == 0
+
+
+def host_of(daemon: DaemonProcess, uid: int) -> int | None:
+    pids = [c["host_pid"] for c in info(daemon)["clients"] if c["uid"] == uid]
+    return pids[0] if pids else None
