@@ -383,4 +383,10 @@ def cmd_serve(ctx: CommandContext) -> int:
     )
     daemon.serve_forever()
     log.info("stopped; every live request was completed and %s removed", path)
+    if daemon.abandoned_load:
+        # The loader's thread is inside the runtime: the interpreter's exit would tear the
+        # runtime down under it (a C++ terminate). End here, logs flushed.
+        logging.shutdown()
+        ctx.err.flush()
+        os._exit(0)
     return 0

@@ -189,6 +189,7 @@ def main() -> None:
     driver = record.factory(settings["devices"], clock="real", **settings["options"])
     if not isinstance(driver, RealDriver):
         raise SystemExit(f"driver {settings['driver']!r} cannot run models in a host")
+
     messages.send(sock, {"ready": os.getpid(), "confined": confined})
     try:
         Host(sock, driver).serve()

@@ -37,6 +37,9 @@ _PR_SET_DUMPABLE = 4
 HIDDEN = ("/home", "/root", "/tmp", "/var/tmp", "/run/user", "/srv", "/mnt", "/media")
 """Where people's and services' files live: empty in a host's mount namespace."""
 
+NO_HOME = "/nonexistent"
+"""A host's home when it has no private one (its daemon is not root)."""
+
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
@@ -70,16 +73,29 @@ def _hide(needed: list[Path]) -> list[str]:
     return hidden
 
 
+def _private_home(hidden: list[str], uid: int, gid: int) -> str:
+    """A home of the host's own on one of the empty tmpfs it laid (1 MiB: a runtime may
+    keep a small cache or an id there, nothing more); `NO_HOME` if it laid none."""
+    for place in hidden:
+        home = os.path.join(place, "home")
+        os.mkdir(home, 0o700)
+        os.chown(home, uid, gid)
+        return home
+    return NO_HOME
+
+
 def confine(uid: int, gid: int) -> dict[str, object]:
     """Confine this process as the module says; what it did, for the daemon's log."""
     done: dict[str, object] = {}
+    os.environ["HOME"] = NO_HOME
     empty = tempfile.mkdtemp(prefix="npu-host-")
     os.chdir(empty)
     os.rmdir(empty)
     if os.geteuid() == 0:
         _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
-        done["hidden"] = _hide(_needed())
+        done["hidden"] = hidden = _hide(_needed())
+        os.environ["HOME"] = _private_home(hidden, uid, gid)
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)

@@ -109,6 +109,9 @@ class Daemon:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._binding: Binding | None = None
         self._stopping = False
+        self.abandoned_load = False
+        """True once stopped with a model load in progress (its thread is in the runtime:
+        the process must end without running the runtime's exit handlers)."""
         self.leadership = Leadership()
         self._accept_resume_at: float | None = None
         self._next_idle_scan = 0.0
@@ -404,6 +407,7 @@ class Daemon:
         """Complete every live request, tell the clients within a bound, close everything."""
         self.notifier.notify("STOPPING=1", "STATUS=completing live requests")
         dropped, running = self.inference.close()
+        self.abandoned_load = running
         if dropped or running:
             log.info(
                 "stopping with %d queued model load%s dropped%s",
