@@ -30,6 +30,7 @@ LEAVES = {
     f"{PACKAGE}.checks",
     f"{PACKAGE}.modelfiles",
     f"{PACKAGE}.sortedlist",
+    f"{PACKAGE}.apps.identity",
 }
 """Errors and leaf helpers: they import only the schemas (and a helper the errors it raises)."""
 LAYERED = (f"{PACKAGE}.core", f"{PACKAGE}.daemon")
