@@ -17,7 +17,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,14 @@ import numpy as np
 import pytest
 
 import npumanager as npu
-from helpers.daemon_support import BACKGROUND_UID, FOREGROUND_UID, SOCKET_GID, Child, DaemonProcess
+from helpers.daemon_support import (
+    BACKGROUND_UID,
+    FOREGROUND_UID,
+    SOCKET_GID,
+    WAIT_S,
+    Child,
+    DaemonProcess,
+)
 from npumanager.daemon.client.shared_memory import sealed_memfd
 from npumanager.daemon.wire import protocol as p
 
@@ -36,14 +42,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 from helpers.real_daemon import (  # noqa: E402
-    LONG_ROWS,
     RawApp,
     app,
     apps_in_front,
     granted,
+    in_front,
     in_process_digest,
     info,
+    load_endless,
     loaded_app,
+    running,
     segments_mapped,
     wait_for,
 )
@@ -121,8 +129,9 @@ def test_a_killed_app_frees_its_models_and_memory_and_its_running_work_ends(
     foreground = loaded_app(daemon, FOREGROUND_UID, model_file)
     background = loaded_app(daemon, BACKGROUND_UID, model_file)
     used_by_one = info(daemon)["devices"][0]["weight_memory_used_bytes"] // 2
-    work_id = background.ok("real_submit", id=1, rows=LONG_ROWS)
-    wait_for(lambda: any(d["running"] for d in info(daemon)["devices"]))
+    endless = load_endless(background, socket_dir)  # its second model
+    work_id = background.ok("real_submit", id=endless, rows=4)
+    wait_for(lambda: running(daemon) == 1)  # and it runs until something ends it
     assert segments_mapped(daemon) == 1  # the background's (the foreground ran nothing yet)
     background.kill9()
 
@@ -157,18 +166,20 @@ def test_a_killed_app_frees_its_models_and_memory_and_its_running_work_ends(
 
 
 def test_cancel_timeout_and_errors_cross_the_wire_with_their_class(
-    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], socket_dir: Path, model_file: Path
 ) -> None:
     daemon = start_onnxruntime()
     child = loaded_app(daemon, FOREGROUND_UID, model_file)
-    work_id = child.ok("real_submit", id=1, rows=LONG_ROWS)
+    endless = load_endless(child, socket_dir)  # only a cancel ends its inferences
+    timed_out = child.send("real_run", id=endless, rows=4, run_timeout=0.05)
+    assert timed_out.get("error") == "TimeoutError", timed_out
+    work_id = child.ok("real_submit", id=endless, rows=4)
+    wait_for(lambda: running(daemon) == 1)
     assert child.ok("real_cancel", work_id=work_id) == {"cancel": True, "cancelled": True}
     assert child.ok("real_result", work_id=work_id) == {"raised": "CancelledError"}
-    timed_out = child.send("real_run", id=1, rows=LONG_ROWS, run_timeout=0.05)
-    assert timed_out.get("error") == "TimeoutError", timed_out
     wrong = child.send("real_run", id=1, rows=4, width=100)
     assert wrong["error"] == "IllegalArgumentError" and "x: float32[?, 256]" in wrong["message"]
-    wait_for(lambda: info(daemon)["devices"][0]["running"] == 0)
+    wait_for(lambda: running(daemon) == 0)
     assert child.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
 
 
@@ -263,7 +274,7 @@ def test_segments_and_descriptors_that_are_not_what_they_claim_are_refused(
         with pytest.raises(npu.IllegalArgumentError, match="needs a descriptor"):
             raw.client.call(p.Attach, size=4096)
         request = npu.ModelLoadRequest.Builder(1).set_size(0).build()
-        lease = raw.manager.reserve(request, timeout_s=10)
+        lease = raw.manager.reserve(request, timeout_s=WAIT_S)
         lease.__enter__()
         with (
             open("/etc/passwd", "rb") as text,
@@ -302,7 +313,7 @@ def test_descriptors_sent_ahead_past_the_limit_close_only_that_connection(
     rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
     for _ in range(2):
         sock.sendmsg([b"\0"], rights)
-    sock.settimeout(10)
+    sock.settimeout(WAIT_S)
     received = b""
     while chunk := sock.recv(65536):
         received += chunk
@@ -321,7 +332,7 @@ def test_a_client_of_the_old_protocol_gets_a_clear_error(
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(str(daemon.socket))
     sock.sendall(p.encode(p.Hello(version=1)))
-    sock.settimeout(10)
+    sock.settimeout(WAIT_S)
     received = b""
     while chunk := sock.recv(65536):
         received += chunk
@@ -395,20 +406,25 @@ def test_the_two_process_example_prints_every_figure() -> None:
 
 
 def test_inferences_in_flight_past_the_limit_are_refused_and_others_carry_on(
-    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], socket_dir: Path, model_file: Path
 ) -> None:
-    daemon = start_onnxruntime("--max-inferences-per-connection", "2")
-    flood = loaded_app(daemon, BACKGROUND_UID, model_file)
-    other = loaded_app(daemon, FOREGROUND_UID, model_file)
-    first = flood.ok("real_submit", id=1, rows=40_000)
-    second = flood.ok("real_submit", id=1, rows=40_000)
+    daemon, other, flood = apps_in_front(
+        lambda: start_onnxruntime("--max-inferences-per-connection", "2"), model_file
+    )
+    endless = load_endless(flood, socket_dir)  # in flight until cancelled, however long that is
+    first = flood.ok("real_submit", id=endless, rows=4)
+    second = flood.ok("real_submit", id=endless, rows=4)
+    wait_for(lambda: running(daemon) == 1)  # the first runs, the second waits its turn
     third = flood.send("real_submit", id=1, rows=4)
     assert third.get("error") == "QuotaExceededError", third
     assert "--max-inferences-per-connection" in third["message"]
+    # The foreground app's run takes the channel kept free of background work.
     assert other.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+    assert "sha256" in submitted(other, rows=4), "the limit is the connection's"
     for work_id in (first, second):
-        assert "sha256" in flood.ok("real_result", work_id=work_id)
-    assert "sha256" in flood.ok("real_run", id=1, rows=4)  # room again once they ended
+        assert flood.ok("real_cancel", work_id=work_id) == {"cancel": True, "cancelled": True}
+        assert flood.ok("real_result", work_id=work_id) == {"raised": "CancelledError"}
+    assert "sha256" in submitted(flood, rows=4)  # room again once they ended
 
 
 def big_model(path: Path, side: int = BIG_SIDE) -> None:
@@ -435,17 +451,20 @@ def test_a_slow_model_load_does_not_hold_up_the_other_clients(
     big = socket_dir / "big.onnx"
     big_model(big)
     daemon = start_onnxruntime()
+    in_front(daemon)  # the other app's runs are the foreground's: none waits for a worker
     loader = app(daemon, BACKGROUND_UID)
     other = loaded_app(daemon, FOREGROUND_UID, model_file)
     granted(loader)
+    expected = in_process_digest(4, 0.5)
     assert loader.process.stdin is not None
     loader.process.stdin.write(json.dumps({"op": "real_load", "id": 1, "path": str(big)}) + "\n")
     loader.process.stdin.flush()
-    time.sleep(0.2)  # the daemon has the load call by now, and opens the model for seconds
+    wait_for(lambda: info(daemon)["daemon"]["model_loads"]["running"] == 1)  # it opens it now
+    # Three runs of a few rows are answered while the daemon opens 144 MiB of weights.
     answered = [other.ok("real_run", id=1, rows=4, value=0.5) for _ in range(3)]
-    assert answered == [in_process_digest(4, 0.5)] * 3
+    assert answered == [expected] * 3
     assert loader._messages.empty(), "the load was answered before the other client's runs"
-    reply = loader.expect(lambda m: m.get("reply") == "real_load", timeout=120)
+    reply = loader.expect(lambda m: m.get("reply") == "real_load")
     assert reply["result"]["weight_bytes"] == BIG_SIDE * BIG_SIDE * 4
 
 
@@ -471,16 +490,19 @@ def test_foreground_inferences_run_on_the_loops_thread_and_background_ones_on_wo
 
 
 def test_while_the_loops_thread_runs_a_long_inference_the_standby_serves_the_others(
-    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], socket_dir: Path, model_file: Path
 ) -> None:
     daemon, foreground, other = apps_in_front(start_onnxruntime, model_file)
-    work_id = foreground.ok("real_submit", id=1, rows=LONG_ROWS)
-    wait_for(lambda: any(d["running"] for d in info(daemon)["devices"]))
-    assert info(daemon)["daemon"]["inferences_inline"] == 1, "the long one runs on it"
-    # With a timeout, a run takes the connection (not its lane): the loop serves it.
-    assert "sha256" in other.ok("real_run", id=1, rows=4, run_timeout=30)
-    assert any(d["running"] for d in info(daemon)["devices"]), "served while it still ran"
-    assert "sha256" in foreground.ok("real_result", work_id=work_id)
+    endless = load_endless(foreground, socket_dir)  # it runs until cancelled
+    work_id = foreground.ok("real_submit", id=endless, rows=4)
+    wait_for(lambda: running(daemon) == 1)
+    assert info(daemon)["daemon"]["inferences_inline"] == 1, "the endless one runs on it"
+    assert "sha256" in other.ok("real_run", id=1, rows=4, run_timeout=WAIT_S)
+    assert "sha256" in submitted(other, rows=4), "the connection's own path is served too"
+    assert running(daemon) == 1, "served while it still ran"
+    assert foreground.ok("real_cancel", work_id=work_id) == {"cancel": True, "cancelled": True}
+    assert foreground.ok("real_result", work_id=work_id) == {"raised": "CancelledError"}
+    assert submitted(foreground, rows=4, value=0.5) == in_process_digest(4, 0.5)
 
 
 def test_a_model_with_external_data_loads_by_path_with_its_weights_file_sent_along(

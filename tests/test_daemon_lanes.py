@@ -24,7 +24,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import npumanager as npu
-from helpers.daemon_support import FOREGROUND_UID, DaemonProcess
+from helpers.daemon_support import FOREGROUND_UID, WAIT_S, DaemonProcess
 from npumanager.daemon.client import inference as remote_inference
 from npumanager.daemon.client import lane as client_lane
 from npumanager.daemon.server.lane import REFUSAL_PAUSE_S
@@ -46,11 +46,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 from helpers.real_daemon import (  # noqa: E402
-    LONG_ROWS,
     RawApp,
     apps_in_front,
+    endless_model,
     in_process_digest,
     info,
+    load_endless,
+    running,
     segments_mapped,
     wait_for,
 )
@@ -85,7 +87,7 @@ def test_a_run_goes_over_the_lane_on_its_thread_or_the_workers_by_the_apps_band(
     assert cached["inferences_on_lane"] == after["inferences_on_lane"] + 3
     assert cached["inferences_to_workers"] == after["inferences_to_workers"] + 3, "workers"
     assert cached["inferences_inline"] == after["inferences_inline"]
-    timed = foreground.ok("real_run", id=1, rows=4, value=0.5, run_timeout=30)
+    timed = foreground.ok("real_run", id=1, rows=4, value=0.5, run_timeout=WAIT_S)
     assert timed == in_process_digest(4, 0.5)
     assert counters(daemon)["inferences_on_lane"] == cached["inferences_on_lane"] + 1, "timed"
 
@@ -96,8 +98,9 @@ def test_a_run_past_its_timeout_is_cancelled_on_the_lane_and_the_lane_goes_on(
     events = socket_dir / "events.jsonl"
     sink = f"jsonl:path={events},debounce_duration_ms=10"
     daemon, foreground, _ = apps_in_front(lambda: start_onnxruntime("--sink", sink), model_file)
+    endless = load_endless(foreground, socket_dir)  # only its cancel ends the run
     before = counters(daemon)
-    timed_out = foreground.send("real_run", id=1, rows=LONG_ROWS, run_timeout=0.05)
+    timed_out = foreground.send("real_run", id=endless, rows=4, run_timeout=0.05)
     assert timed_out.get("error") == "TimeoutError", timed_out
     assert "cancelled" in timed_out["message"]
     after = counters(daemon)
@@ -113,8 +116,8 @@ def test_a_run_past_its_timeout_is_cancelled_on_the_lane_and_the_lane_goes_on(
         ]
 
     wait_for(lambda: bool(ended()))
-    assert [e["reason"] for e in ended()] == ["CANCELLED_USER"], "cancelled, not run out"
-    assert info(daemon)["devices"][0]["running"] == 0
+    assert [e["reason"] for e in ended()] == ["CANCELLED_USER"]
+    assert running(daemon) == 0
     assert foreground.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
     assert counters(daemon)["inferences_on_lane"] == after["inferences_on_lane"] + 1
     assert counters(daemon)["lanes_opened"] == after["lanes_opened"], "the same lane"
@@ -141,7 +144,7 @@ class RawLane:
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         raw.client.call(p.OpenLane, fds=[theirs.fileno()])
         theirs.close()
-        self.sock.settimeout(30)
+        self.sock.settimeout(WAIT_S)
 
     def send(self, frame: bytes) -> Reply:
         self.sock.sendall(frame)
@@ -293,21 +296,22 @@ def foreign_lane_end(uid: int) -> socket.socket:
     there.close()
     _, fds, _, _ = socket.recv_fds(here, 1, 1)
     here.send(b"x")
-    child.wait(10)
+    child.wait(WAIT_S)
     here.close()
     return socket.socket(fileno=fds[0])
 
 
 def test_a_client_killed_during_a_run_on_its_lane_frees_everything_and_others_carry_on(
-    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess], socket_dir: Path, model_file: Path
 ) -> None:
     daemon, victim, other = apps_in_front(start_onnxruntime, model_file)
     used_by_one = info(daemon)["devices"][0]["weight_memory_used_bytes"] // 2
+    endless = load_endless(victim, socket_dir)  # its run goes on until something ends it
     threads = len(os.listdir(f"/proc/{daemon.process.pid}/task"))
     assert victim.process.stdin is not None
-    victim.process.stdin.write(json.dumps({"op": "real_run", "id": 1, "rows": LONG_ROWS}) + "\n")
+    victim.process.stdin.write(json.dumps({"op": "real_run", "id": endless, "rows": 4}) + "\n")
     victim.process.stdin.flush()
-    wait_for(lambda: any(d["running"] for d in info(daemon)["devices"]))
+    wait_for(lambda: running(daemon) == 1)
     assert counters(daemon)["inferences_on_lane"] == 1, "it runs on the lane"
     victim.kill9()
 
@@ -343,7 +347,7 @@ def test_two_callers_at_once_a_taken_lane_or_a_connection_with_one_already_still
         for caller in callers:
             caller.start()
         for caller in callers:
-            caller.join(60)
+            caller.join(WAIT_S)
         assert len(results) == 40 and all(np.array_equal(r, expected) for r in results)
         lane = raw.client._inference.lane()  # taken here: a run meanwhile takes the connection
         assert lane is not None
@@ -372,7 +376,7 @@ def npu_in_process_run(x: np.ndarray) -> np.ndarray:
     try:
         manager = service.manager(FOREGROUND_UID, uses_feature=True)
         request = npu.ModelLoadRequest.Builder(1).set_size(0).build()
-        with manager.reserve(request, timeout_s=10) as lease:
+        with manager.reserve(request, timeout_s=WAIT_S) as lease:
             output: np.ndarray = lease.load_model(model=chain_model()).run({"x": x})[0]
             return output
     finally:
@@ -516,10 +520,12 @@ def test_the_shared_arrays_of_a_submitted_inference_are_kept_until_it_ends(
     start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
 ) -> None:
     daemon = start_onnxruntime("--driver-option", "channels=1")
-    raw = RawApp(daemon, shared_bytes=256 << 20)
+    raw = RawApp(daemon)
     try:
         model = raw.granted_model(model_file)
-        busy = model.submit({"x": np.zeros((LONG_ROWS, 256), np.float32)})  # the one channel
+        endless = raw.granted_model(model=endless_model(), request_id=2)
+        busy = endless.submit({"x": np.zeros((4, 256), np.float32)})  # the one channel, for good
+        wait_for(lambda: running(daemon) == 1)
         x = raw.manager.shared_array((4, 256))
         x[:] = 0.5
         future = model.submit({"x": x})  # queued behind it
@@ -529,24 +535,25 @@ def test_the_shared_arrays_of_a_submitted_inference_are_kept_until_it_ends(
         other = raw.manager.shared_array((4, 256))
         other[:] = 9.0
         expected = npu_in_process_run(np.full((4, 256), 0.5, np.float32))
-        assert np.array_equal(future.result(timeout=60)[0], expected)
-        assert busy.result(timeout=60)[0].shape == (LONG_ROWS, 256)
+        assert not future.done(), "it waits for the channel"
+        assert busy.cancel()
+        assert np.array_equal(future.result(timeout=WAIT_S)[0], expected)
     finally:
         raw.close()
 
 
 def test_a_run_on_the_lane_when_the_daemon_dies_raises_daemon_unavailable(
-    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
+    start_onnxruntime: Callable[..., DaemonProcess],
 ) -> None:
     daemon = start_onnxruntime()
-    raw = RawApp(daemon, shared_bytes=256 << 20)
+    raw = RawApp(daemon)
     try:
-        model = raw.granted_model(model_file)
+        model = raw.granted_model(model=endless_model())  # its run ends with the daemon only
         raised: list[BaseException] = []
 
         def long_run() -> None:
             try:
-                model.run({"x": np.zeros((LONG_ROWS, 256), np.float32)})
+                model.run({"x": np.zeros((4, 256), np.float32)})
             except BaseException as exc:
                 raised.append(exc)
 
@@ -554,8 +561,8 @@ def test_a_run_on_the_lane_when_the_daemon_dies_raises_daemon_unavailable(
         caller.start()
         wait_for(lambda: counters(daemon)["inferences_on_lane"] == 1)
         daemon.process.kill()
-        daemon.process.wait(10)
-        caller.join(30)
+        daemon.process.wait(WAIT_S)
+        caller.join(WAIT_S)
         assert not caller.is_alive(), "the caller waits for ever"
         assert [type(exc) for exc in raised] == [npu.DaemonUnavailableError]
         assert "closed the inference lane" in str(raised[0])

@@ -31,6 +31,9 @@ import npumanager.core.service.snapshot
 _out_lock = threading.Lock()
 SHARED_BYTES = 256 << 20
 """The child's shared segment: room for one long inference (the daemon's default limit)."""
+RESULT_WAIT_S = 100.0
+"""How long `real_result` waits for an inference: only a hung one outlasts it. Less than
+the test's wait for the reply (`daemon_support.WAIT_S`), so that the test hears why."""
 
 
 def say(**fields: Any) -> None:
@@ -124,7 +127,7 @@ def run_real(app: App, command: dict[str, Any]) -> tuple[bool, Any]:
     if op == "real_result":
         future = app.work.pop(command["work_id"])
         try:
-            return True, digest(future.result(command.get("timeout", 30)))
+            return True, digest(future.result(command.get("timeout", RESULT_WAIT_S)))
         except BaseException as exc:
             return True, {"raised": type(exc).__name__}
     if op == "real_cancel":

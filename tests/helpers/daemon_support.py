@@ -33,6 +33,11 @@ MANAGEMENT_GID = 20010
 FOREGROUND_UID = 20001
 BACKGROUND_UID = 20002
 OUTSIDER_UID = 20003
+WAIT_S = 120.0
+"""How long a test waits for an event (a reply, a daemon listening or exiting) before it is
+taken as hung: only a hang outlasts it, on however busy a machine (a daemon's background
+work runs under `SCHED_IDLE`, and crawls beside programs that keep the cores busy). A wait
+that shows something does *not* happen passes a short timeout of its own."""
 
 Message = dict[str, Any]
 
@@ -76,7 +81,7 @@ class DaemonProcess:
         )
         self.wait_ready()
 
-    def wait_ready(self, timeout: float = 30) -> None:
+    def wait_ready(self, timeout: float = WAIT_S) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -95,7 +100,7 @@ class DaemonProcess:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = WAIT_S) -> int:
         if self.process.poll() is None:
             self.process.send_signal(sig)
         code = self.process.wait(timeout)
@@ -137,7 +142,7 @@ class Child:
         self.seen: list[Message] = []
         self._backlog: list[Message] = []
         threading.Thread(target=self._read, daemon=True).start()
-        self.hello = self.expect(lambda m: "ready" in m or "connect_error" in m, timeout=30)
+        self.hello = self.expect(lambda m: "ready" in m or "connect_error" in m)
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -163,7 +168,7 @@ class Child:
             self._backlog.append(message)
             yield message
 
-    def expect(self, predicate: Callable[[Message], bool], timeout: float = 10) -> Message:
+    def expect(self, predicate: Callable[[Message], bool], timeout: float = WAIT_S) -> Message:
         """The first message (old or new) that matches; it is consumed."""
         for message in self._incoming(timeout):
             if predicate(message):
@@ -173,10 +178,10 @@ class Child:
             f"uid {self.uid}: no matching message within {timeout} s; seen {self.seen}"
         )
 
-    def event(self, kind: str, request_id: int, timeout: float = 10) -> Message:
+    def event(self, kind: str, request_id: int, timeout: float = WAIT_S) -> Message:
         return self.expect(lambda m: m.get("event") == kind and m.get("id") == request_id, timeout)
 
-    def send(self, op: str, timeout: float = 10, **fields: Any) -> Message:
+    def send(self, op: str, timeout: float = WAIT_S, **fields: Any) -> Message:
         """Run one command in the child; its reply (result or error)."""
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
@@ -190,7 +195,7 @@ class Child:
 
     def kill9(self) -> None:
         self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
+        self.process.wait(WAIT_S)
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -198,10 +203,10 @@ class Child:
                 assert self.process.stdin is not None
                 self.process.stdin.write('{"op": "exit"}\n')
                 self.process.stdin.flush()
-                self.process.wait(10)
+                self.process.wait(WAIT_S)
             except (OSError, subprocess.TimeoutExpired):
                 self.process.kill()
-                self.process.wait(10)
+                self.process.wait(WAIT_S)
 
 
 def open_socket_dir(base: str = "/tmp") -> Path:

@@ -7,6 +7,7 @@ tests/test_daemon_lanes.py).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import struct
@@ -19,15 +20,20 @@ import numpy as np
 import pytest
 
 import npumanager as npu
-from helpers.daemon_support import BACKGROUND_UID, FOREGROUND_UID, Child, DaemonProcess
+from helpers.daemon_support import (
+    BACKGROUND_UID,
+    FOREGROUND_UID,
+    WAIT_S,
+    Child,
+    DaemonProcess,
+)
 from npumanager.daemon.wire import protocol as p
 from npumanager.schemas import ModelLoadStatus
 from npumanager.vendor_drivers.realexec.chain import chain_model
 
 CAN_LOAD_NOW = int(ModelLoadStatus.CAN_LOAD_NOW)
-LONG_ROWS = 120_000
-"""Rows of an inference that runs for a second or more here (123 MB: it fits the children's
-256 MiB segment)."""
+ENDLESS = 2
+"""The request id, in an app, of the endless model (`load_endless`); the chain model's is 1."""
 
 
 def app(daemon: DaemonProcess, uid: int) -> Child:
@@ -49,13 +55,74 @@ def loaded_app(daemon: DaemonProcess, uid: int, model_file: Path) -> Child:
     return child
 
 
+def endless_model(width: int = 256) -> bytes:
+    """A model of the chain model's input (`x: float32[rows, width]`) whose inference never
+    ends by itself: a Loop of 2**63 - 1 trips, each adding 1 to x. Only the runtime's cancel
+    (`RunOptions.terminate`, which the loop looks at every trip) ends it, and at once: a
+    test that acts while an inference runs has one running, however fast or busy the
+    machine, until its cancel, timeout, unload or kill ends it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["going"], ["still_going"]),
+            helper.make_node("Add", ["v", "one"], ["v_next"]),
+        ],
+        "trip",
+        [
+            helper.make_tensor_value_info("trip", TensorProto.INT64, []),
+            helper.make_tensor_value_info("going", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v", TensorProto.FLOAT, ["rows", width]),
+        ],
+        [
+            helper.make_tensor_value_info("still_going", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_next", TensorProto.FLOAT, ["rows", width]),
+        ],
+        [numpy_helper.from_array(np.array(1.0, np.float32), "one")],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "go", "x"], ["y"], body=body)],
+        "endless",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", width])],
+        [
+            numpy_helper.from_array(np.array(np.iinfo(np.int64).max, np.int64), "trips"),
+            numpy_helper.from_array(np.array(True), "go"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data: bytes = model.SerializeToString()
+    return data
+
+
+def load_endless(child: Child, directory: Path) -> int:
+    """Load the endless model (`endless_model`) in an app, under a new granted request
+    (`ENDLESS`): the id its `real_submit` and `real_run` take."""
+    path = directory / "endless.onnx"
+    if not path.exists():
+        path.write_bytes(endless_model())
+        path.chmod(0o644)
+    granted(child, ENDLESS)
+    child.ok("real_load", id=ENDLESS, path=str(path))
+    return ENDLESS
+
+
+def running(daemon: DaemonProcess) -> int:
+    """How many inferences the daemon's device runs now."""
+    count: int = info(daemon)["devices"][0]["running"]
+    return count
+
+
+@functools.lru_cache
 def in_process_digest(rows: int, value: float, driver: str = "onnxruntime") -> dict[str, Any]:
-    """The same model and inputs run in process, as the child digests its outputs."""
+    """The same model and inputs run in process, as the child digests its outputs (run
+    once for each set of arguments: compare what it returns, do not change it)."""
     service = npu.Service(driver)
     try:
         manager = service.manager(FOREGROUND_UID, uses_feature=True)
         request = npu.ModelLoadRequest.Builder(1).set_size(0).build()
-        with manager.reserve(request, timeout_s=10) as lease:
+        with manager.reserve(request, timeout_s=WAIT_S) as lease:
             model = lease.load_model(model=chain_model())
             x = np.full((rows, 256), value, dtype=np.float32)
             outputs = model.run({"x": x})
@@ -79,10 +146,11 @@ def segments_mapped(daemon: DaemonProcess) -> int:
     return len({line.split()[4] for line in maps.splitlines() if "npu-manager-tensors" in line})
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 20) -> None:
+def wait_for(predicate: Callable[[], bool], timeout: float = WAIT_S) -> None:
+    """Wait for an event (`predicate` true); only a hung test outlasts the timeout."""
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < deadline, "the condition did not hold in time"
+        assert time.monotonic() < deadline, f"the condition did not hold within {timeout} s"
         time.sleep(0.05)
 
 
@@ -98,7 +166,7 @@ class RawApp:
     ) -> npu.LoadedModel:
         """A model loaded under a new granted request: a file by path, or bytes."""
         request = npu.ModelLoadRequest.Builder(request_id).set_size(0).build()
-        lease = self.manager.reserve(request, timeout_s=10)
+        lease = self.manager.reserve(request, timeout_s=WAIT_S)
         lease.__enter__()
         if model is not None:
             return lease.load_model(model=model)
@@ -123,7 +191,7 @@ class RawApp:
             pending[seq] = waiting = _Pending()
             self.client._wire.sent_call(seq)  # the wire pairs the daemon's answer with it
             self.client._sock.sendall(struct.pack(">I", len(frame)) + frame)
-            assert waiting.wait(10)
+            assert waiting.wait(WAIT_S)
             if waiting.error is not None:
                 raise waiting.error
         return caught.value
