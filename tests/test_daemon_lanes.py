@@ -621,3 +621,33 @@ def test_a_frame_sent_again_after_its_model_was_unloaded_is_refused(
     raw.manager.listener.notify_model_unloaded(model.request)
     reply = lane.send(frame)
     assert (reply.status, reply.kind) == (Status.REFUSED, "UnknownModelError")
+
+
+def test_a_cancel_that_arrives_before_the_lanes_inference_is_sent_again_until_it_lands() -> None:
+    """`cancel_lane` can reach the daemon before the lane's thread has started the
+    inference (it then cancels nothing): the client sends it again until one lands, and
+    the reply that one brings ends the run."""
+    from npumanager.daemon.wire.lane import Status, encode_reply
+
+    mine, daemons = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    lane = client_lane.ClientLane(mine)
+    tries: list[int] = []
+
+    def on_late() -> bool:
+        tries.append(1)
+        if len(tries) < 3:
+            return False  # nothing running yet in the daemon
+        daemons.send(encode_reply(Status.CANCELLED, 9))
+        return True
+
+    done: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: done.append(lane.exchange(b"frame", time.monotonic(), on_late))
+    )
+    worker.start()
+    worker.join(WAIT_S)
+    assert done and done[0].status == Status.CANCELLED and lane.late
+    assert len(tries) == 3, "sent again until it landed"
+    assert daemons.recv(100) == b"frame"
+    mine.close()
+    daemons.close()

@@ -334,9 +334,11 @@ class RemoteInference:
             raise self._wire.refusal_class(reply.kind)(reply.message)
         raise self._wire.error_class(reply.kind)(reply.message or "the inference failed")
 
-    def _cancel_lane(self) -> None:
-        """Cancel the inference the lane is running (its run is past its deadline)."""
-        self._wire.call(p.CancelLane)
+    def _cancel_lane(self) -> bool:
+        """Cancel the inference the lane is running (its run is past its deadline): False
+        if the daemon's lane was running none yet."""
+        result = self._wire.call(p.CancelLane)
+        return bool(result and result.get("cancelled"))
 
     def cancel(self, model: int, work_id: int) -> None:
         """Cancel one of this client's inferences in the daemon."""

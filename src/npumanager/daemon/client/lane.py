@@ -8,7 +8,9 @@ daemon) is closed for good, and the connection's path serves from then on.
 
 A run with a timeout goes over the lane too: when its reply has not come by the deadline,
 `exchange` calls its `on_late` (the client sends `cancel_lane` on the connection), then
-waits for the reply the cancel brings, and marks the exchange `late`.
+waits for the reply the cancel brings, and marks the exchange `late`. A cancel can reach
+the daemon before the lane's thread has started the inference, and cancel nothing: then
+it is sent again, at growing intervals, until one lands or the reply comes.
 
 A thread asleep in `recv` takes a while to wake when the reply comes, longest where the
 core it slept on went idle (a virtual machine's core is handed back to the host). So while
@@ -46,6 +48,8 @@ from npumanager.daemon.wire.lane import (
 from npumanager.daemon.wire.tensors import aligned
 from npumanager.errors import DaemonUnavailableError, IllegalArgumentError
 
+_CANCEL_AGAIN_S = (0.005, 0.5)
+"""How soon a cancel that found nothing running is sent again: 5 ms, doubling to 0.5 s."""
 _TRUNCATED = int(socket.MSG_TRUNC)
 _DONTWAIT = int(socket.MSG_DONTWAIT)
 
@@ -111,17 +115,21 @@ class ClientLane:
         self,
         frame: bytes,
         deadline: float | None = None,
-        on_late: Callable[[], None] | None = None,
+        on_late: Callable[[], bool] | None = None,
     ) -> Reply:
         """Send one request and read its reply (the lane taken); past `deadline` (a
-        `time.monotonic` instant) `on_late` is called once and the reply still awaited."""
+        `time.monotonic` instant) `on_late` is called until it says it cancelled something
+        (or the reply came), and the reply still awaited."""
         self.late = False
         try:
             self._sock.sendall(frame)
             if deadline is not None and not self._ready_by(deadline):
                 self.late = True
-                if on_late is not None:
-                    on_late()
+                again = _CANCEL_AGAIN_S[0]
+                while on_late is not None and not on_late():
+                    if self._ready_by(time.monotonic() + again):
+                        break
+                    again = min(again * 2, _CANCEL_AGAIN_S[1])
             size, flags = self._receive()
         except OSError:
             self.close()
