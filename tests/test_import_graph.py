@@ -31,8 +31,11 @@ LEAVES = {
     f"{PACKAGE}.modelfiles",
     f"{PACKAGE}.sortedlist",
     f"{PACKAGE}.apps.identity",
+    f"{PACKAGE}.apps.device_users",
 }
 """Errors and leaf helpers: they import only the schemas (and a helper the errors it raises)."""
+LEAVES_ON_LEAVES = {f"{PACKAGE}.apps.device_users": {f"{PACKAGE}.apps.identity"}}
+"""Leaf helpers built on another leaf: what each may import beyond the schemas and errors."""
 LAYERED = (f"{PACKAGE}.core", f"{PACKAGE}.daemon")
 """Packages whose subpackages are components of their own (`core.arbiter`, `daemon.wire`)."""
 
@@ -123,7 +126,10 @@ def forbidden(source: str, target: str) -> str | None:
     drivers = f"{PACKAGE}.vendor_drivers"
     if within(source, schemas) and not within(target, schemas):
         return "schemas import nothing of the package but schemas"
-    if source in LEAVES and not (within(target, schemas) or target == f"{PACKAGE}.errors"):
+    allowed = LEAVES_ON_LEAVES.get(source, set())
+    if source in LEAVES and not (
+        within(target, schemas) or target == f"{PACKAGE}.errors" or target in allowed
+    ):
         return "errors and leaf helpers import only schemas"
     decides = within(source, f"{PACKAGE}.core.arbiter", f"{PACKAGE}.plugins.policies")
     if decides and within(target, SERVICE, drivers, f"{PACKAGE}.daemon", f"{PACKAGE}.cli"):
@@ -193,6 +199,8 @@ def test_no_cycles_between_components() -> None:
     [
         (f"{PACKAGE}.schemas.device", f"{PACKAGE}.core.driver.events"),
         (f"{PACKAGE}.checks", f"{PACKAGE}.core.driver.contract"),
+        (f"{PACKAGE}.apps.device_users", f"{PACKAGE}.apps.registry"),
+        (f"{PACKAGE}.apps.identity", f"{PACKAGE}.apps.device_users"),
         (f"{PACKAGE}.core.arbiter.arbiter", f"{PACKAGE}.core.service.service"),
         (f"{PACKAGE}.plugins.policies.budget", f"{PACKAGE}.vendor_drivers.vnpu"),
         (f"{PACKAGE}.core.service.backend", f"{PACKAGE}.vendor_drivers.simulated"),
