@@ -1,39 +1,20 @@
 """`npu-manager plugins` on a machine where a runtime cannot be imported: the real console
 script, in a process whose `import openvino` (or `onnxruntime`) fails as if not installed.
 
-The blocker is a `sitecustomize` on PYTHONPATH that puts a finder first on `sys.meta_path`
-refusing the named top-level packages with `ModuleNotFoundError`, exactly what Python says
-when a package is not installed; nothing of npu-manager is patched.
+The blocker is `helpers.unavailable`'s `sitecustomize` on PYTHONPATH, refusing the named
+top-level packages with `ModuleNotFoundError` as if they were not installed.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-BLOCKER = '''
-"""Refuse the packages named in NPU_TEST_BLOCK_IMPORTS, as if they were not installed."""
-import os
-import sys
-from importlib.abc import MetaPathFinder
-
-BLOCKED = frozenset(filter(None, os.environ.get("NPU_TEST_BLOCK_IMPORTS", "").split(",")))
-
-
-class _NotInstalled(MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in BLOCKED:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-
-sys.meta_path.insert(0, _NotInstalled())
-'''
+from helpers.unavailable import without, write_blocker
 
 EXTRA = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
 """The driver of each runtime package and the extra that brings it."""
@@ -41,17 +22,14 @@ EXTRA = {"openvino": "openvino", "onnxruntime": "onnxruntime"}
 
 @pytest.fixture(scope="module")
 def blocker(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("blocker")
-    (folder / "sitecustomize.py").write_text(BLOCKER)
-    return folder
+    return write_blocker(tmp_path_factory.mktemp("blocker"))
 
 
 def run(
     argv: list[str], blocker: Path, blocked: str, *, python: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """The console script (or, `python=True`, this Python) with `blocked` not importable."""
-    env = dict(os.environ, NPU_TEST_BLOCK_IMPORTS=blocked)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(blocker), env.get("PYTHONPATH")]))
+    env = without(blocker, blocked)
     command = [sys.executable] if python else [str(Path(sys.executable).with_name("npu-manager"))]
     return subprocess.run(
         [*command, *argv], capture_output=True, text=True, env=env, check=False, timeout=120

@@ -273,8 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--seconds",
         type=float,
-        default=REAL_DEMO_SECONDS,
-        help=f"with --real: wall-clock seconds per run (default {REAL_DEMO_SECONDS:g})",
+        help=f"with --real only: wall-clock seconds per run (default {REAL_DEMO_SECONDS:g}); "
+        "the simulated demo plays the scenario's own duration",
     )
     simulation_commands.add_play_arguments(demo)
     simulate = add(

@@ -20,7 +20,7 @@ from typing import Any, Protocol, TextIO
 from npumanager.core.plugins.registry import PluginRegistry
 from npumanager.errors import ConfigError, NpuManagerError
 from npumanager.schemas import DriverCapability, DriverRecord
-from npumanager.schemas.limits import MAX_REAL_DEMO_SECONDS
+from npumanager.schemas.limits import MAX_REAL_DEMO_SECONDS, REAL_DEMO_SECONDS
 from npumanager.simulation.managed import check_policy
 from npumanager.simulation.progress import ProgressBar
 from npumanager.simulation.runner import RunResult, run_direct, run_managed
@@ -80,7 +80,6 @@ def add_play_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
         "--driver",
-        default=DEFAULT_DRIVER,
         help="the driver to run on (default: vnpu; with demo --real, openvino or onnxruntime)",
     )
     parser.add_argument(
@@ -125,8 +124,13 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
 def demo(ctx: Context, table: Table, default: Path) -> int:
     """Play the demo scenario (or `--scenario FILE`) direct and managed; `--real`: its
     apps as real models on this machine, on the wall clock."""
-    if getattr(ctx.args, "real", False):
+    if ctx.args.real:
         return _play_real(ctx, table, default)
+    if ctx.args.seconds is not None:
+        raise NpuManagerError(
+            "--seconds applies to demo --real only (wall time per run); the simulated demo "
+            "plays the scenario's duration_ms of virtual time"
+        )
     path = ctx.args.scenario or default
     return _play(ctx, table, load_scenario(path), MODES, str(path))
 
@@ -178,6 +182,7 @@ def _check_driver(registry: PluginRegistry, name: str) -> None:
 
 def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str], origin: str) -> int:
     args = ctx.args
+    args.driver = args.driver or DEFAULT_DRIVER
     _check_driver(ctx.registry, args.driver)
     if "managed" in modes:
         with _blamed(origin):
@@ -234,14 +239,18 @@ def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str], 
 def _play_real(ctx: Context, table: Table, default: Path) -> int:
     from npumanager.simulation import real_demo
 
-    asked = None if ctx.args.driver == DEFAULT_DRIVER else ctx.args.driver
-    driver = real_demo.pick_driver(ctx.registry, asked)
-    seconds = ctx.args.seconds
+    for option in ("plot", "trace"):
+        if getattr(ctx.args, option) is not None:
+            raise NpuManagerError(
+                f"--{option} draws the simulated runs; demo --real does not take it"
+            )
+    seconds = REAL_DEMO_SECONDS if ctx.args.seconds is None else ctx.args.seconds
     if not 0 < seconds <= MAX_REAL_DEMO_SECONDS:
         raise NpuManagerError(
-            f"--seconds must be within 0..{MAX_REAL_DEMO_SECONDS:g} (wall time per run); "
-            f"got {seconds:g}"
+            f"--seconds must be more than 0 and at most {MAX_REAL_DEMO_SECONDS:g} (wall time "
+            f"per run); got {seconds:g}"
         )
+    driver = real_demo.pick_driver(ctx.registry, ctx.args.driver)
     scenario = load_scenario(ctx.args.scenario or default)
     plan = real_demo.Plan(ctx.registry, driver, scenario, seconds)
     metrics = {

@@ -24,7 +24,7 @@ from npumanager.core.driver.contract import TimedWork
 from npumanager.core.driver.job import Job
 from npumanager.core.plugins.registry import PluginRegistry
 from npumanager.core.service.service import Service
-from npumanager.errors import NpuManagerError
+from npumanager.errors import NpuManagerError, UnknownPluginError
 from npumanager.schemas import ModelLoadRequest, ModelSize
 from npumanager.schemas.limits import MAX_REAL_DEMO_COST_US
 from npumanager.simulation.real_apps import WAIT_S, AppScore, Runner, play
@@ -32,6 +32,7 @@ from npumanager.simulation.scenario import App, Scenario
 
 REAL_DRIVERS = ("openvino", "onnxruntime")
 """The real drivers `demo --real` picks from, in order, when none is named."""
+_REAL_NAMES = " or ".join(REAL_DRIVERS)
 
 
 class Plan:
@@ -53,8 +54,7 @@ class Plan:
         try:
             if not isinstance(probe, TimedWork) or model_bytes is None:
                 raise NpuManagerError(
-                    f"driver {driver!r} runs no real models; demo --real takes "
-                    f"{', '.join(REAL_DRIVERS)}"
+                    f"driver {driver!r} runs no real models; demo --real runs on {_REAL_NAMES}"
                 )
             timed = probe.load_timed_model()
             self.model = probe.timed_model()
@@ -252,8 +252,10 @@ def metrics(scenario: Scenario, scores: dict[str, AppScore]) -> dict[str, Any]:
 
 
 def pick_driver(registry: PluginRegistry, asked: str | None) -> str:
-    """The named driver, or the first real driver installed."""
+    """The named driver, or the first real driver installed (a one-line error naming the
+    extras when there is none)."""
     if asked is not None:
+        registry.driver(asked)  # an unknown name is a one-line error listing the known ones
         return asked
     for name in REAL_DRIVERS:
         try:
@@ -261,6 +263,7 @@ def pick_driver(registry: PluginRegistry, asked: str | None) -> str:
         except LookupError:
             continue
         return name
-    raise LookupError(
-        "no real driver is installed: pip install 'npu-manager[onnxruntime]' or '[openvino]'"
+    extras = " or ".join(f"pip install 'npu-manager[{name}]'" for name in REAL_DRIVERS)
+    raise UnknownPluginError(
+        f"demo --real needs a real driver ({_REAL_NAMES}) and none is installed here: {extras}"
     )
