@@ -138,3 +138,25 @@ def test_demo_real_refuses_the_pictures_it_does_not_draw(tmp_path: Path) -> None
             f"{option} draws the simulated runs; demo --real does not take it",
         )
     assert not (tmp_path / "x.png").exists()
+
+
+# vts -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("missing", ["pytest", "hypothesis"])
+def test_vts_without_the_test_extra_names_it(blocker: Path, missing: str) -> None:
+    result = npu("vts", "--driver", "vnpu", env=without(blocker, missing))
+    line = one_line_error(
+        result, f"vts runs the conformance suite with {missing}", "pip install 'npu-manager[test]'"
+    )
+    assert "FAIL" not in result.stdout + line and result.stdout == ""
+
+
+def test_vts_on_a_driver_whose_plugin_failed_names_the_reason(tmp_path: Path) -> None:
+    site = distribution(tmp_path / "site", "npu-zeta", "zeta", BROKEN_ZETA)
+    result = npu("vts", "--driver", "zeta", env=with_path(site))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    error = result.stderr.splitlines()[-1]
+    assert error.startswith("npu-manager: error: unknown driver 'zeta': ")
+    assert "plugin 'zeta' from distribution npu-zeta 1.0 did not load: failed to import:" in error
+    assert "ImportError: libzeta.so.1: cannot open shared object file" in error

@@ -7,6 +7,7 @@ per test.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -16,7 +17,31 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from npumanager.errors import NpuManagerError
+
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+SUITE_NEEDS = ("pytest", "hypothesis")
+"""What the suite runs with; the `test` extra installs them."""
+TEST_EXTRA_HINT = "pip install 'npu-manager[test]'"
+
+
+class MissingTestExtraError(NpuManagerError):
+    """The conformance suite needs pytest and hypothesis, which the `test` extra installs."""
+
+
+def check_suite_runnable() -> None:
+    """Raise `MissingTestExtraError` (one line naming the extra) unless this Python can
+    import what the suite runs with: a missing package is not a failure of the driver."""
+    for package in SUITE_NEEDS:
+        try:
+            found = importlib.util.find_spec(package) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise MissingTestExtraError(
+                f"vts runs the conformance suite with {package}, which is not installed: "
+                f"{TEST_EXTRA_HINT}"
+            )
 
 
 @dataclass(frozen=True)
@@ -47,7 +72,9 @@ def module_for(driver_name: str) -> str:
 def run_suite(
     module_source: str, *, pytest_args: tuple[str, ...] = (), timeout_s: float = 600
 ) -> tuple[list[TestResult], str]:
-    """Run pytest on `module_source`; the results and pytest's own output."""
+    """Run pytest on `module_source`; the results and pytest's own output
+    (`MissingTestExtraError` first if pytest or hypothesis is not installed)."""
+    check_suite_runnable()
     with tempfile.TemporaryDirectory(prefix="npu-vts-") as folder:
         root = Path(folder)
         (root / "test_vts.py").write_text(module_source)

@@ -117,6 +117,13 @@ def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _names_of(source: PluginSource) -> set[str]:
+    """The names a plugin may go by: its entry point, its distribution and the distribution's
+    words (`npu-zeta` is also `zeta`), normalized."""
+    distribution = _normalize(source.distribution)
+    return {_normalize(source.name), distribution, *distribution.split("-")}
+
+
 class PluginRegistry:
     """The pluggy manager plus every validated registration, by kind and name."""
 
@@ -318,6 +325,11 @@ class PluginRegistry:
             if entry.status == DISABLED and _normalize(entry.source.name) == _normalize(name):
                 plugin = entry.source.name
                 return f"unknown {kind} {name!r}: plugin {plugin!r} is disabled {entry.detail}"
+        for entry in self.entries:
+            if entry.status == BROKEN and _normalize(name) in _names_of(entry.source):
+                return f"unknown {kind} {name!r}: {entry.source.describe()} did not load: " + (
+                    entry.detail
+                )
         return f"unknown {kind} {name!r}"
 
     def driver(self, name: str) -> DriverRecord:
