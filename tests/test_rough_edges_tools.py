@@ -4,6 +4,7 @@ traceback, and what the tools print says what they did."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -119,7 +120,7 @@ def test_demo_real_on_a_driver_without_real_models_is_refused_naming_those_that_
 
 def test_demo_seconds_without_real_is_refused() -> None:
     one_line_error(npu("demo", "--seconds", "2"), "--seconds applies to demo --real only")
-    assert "--real only" in npu("demo", "--help").stdout
+    assert "with --real only" in " ".join(npu("demo", "--help").stdout.split())
 
 
 @pytest.mark.parametrize("seconds", ["0", "-1", "601", "nan"])
@@ -160,3 +161,43 @@ def test_vts_on_a_driver_whose_plugin_failed_names_the_reason(tmp_path: Path) ->
     assert error.startswith("npu-manager: error: unknown driver 'zeta': ")
     assert "plugin 'zeta' from distribution npu-zeta 1.0 did not load: failed to import:" in error
     assert "ImportError: libzeta.so.1: cannot open shared object file" in error
+
+
+# simulate --driver -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trio_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return distribution(tmp_path_factory.mktemp("trio") / "site", "npu-trio", "trio", TRIO)
+
+
+def test_simulate_without_devices_uses_the_drivers_own_device(
+    trio_site: Path, tmp_path: Path
+) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        'name = "s"\nduration_ms = 200\npolicy = "status_quo"\n'
+        '[[apps]]\nname = "big"\nuid = 10001\nmodel_bytes = 2147483648\n'
+        'work = { kind = "loop", cost_us = 1000, burst = 4 }\n'
+    )
+    env = with_path(trio_site)
+    on_trio = npu("simulate", str(scenario), "--driver", "trio", "--json", env=env)
+    on_vnpu = npu("simulate", str(scenario), "--driver", "vnpu", "--json", env=env)
+    assert on_trio.returncode == on_vnpu.returncode == 0, on_trio.stderr + on_vnpu.stderr
+    trio, vnpu = json.loads(on_trio.stdout), json.loads(on_vnpu.stdout)
+    assert trio["direct"]["weight_memory_capacity_bytes"] == 1 << 30
+    assert vnpu["direct"]["weight_memory_capacity_bytes"] == 6 << 30
+    assert trio["direct"]["overcommit_events"] >= 1, "2 GiB does not fit in the trio's 1 GiB"
+    assert vnpu["direct"]["overcommit_events"] == 0
+    table = npu("simulate", str(scenario), "--driver", "trio", env=env).stdout
+    assert "on trio, with the driver's own device (3 channels, 1.00 GiB" in table
+
+
+def test_simulate_says_when_the_scenarios_device_replaces_the_drivers(trio_site: Path) -> None:
+    result = npu("simulate", "demo", "--driver", "trio", env=with_path(trio_site))
+    assert result.returncode == 0, result.stderr
+    assert (
+        "on trio, with the scenario's device (4 channels, 6.00 GiB of weight memory, 1000 MHz) "
+        "in place of the driver's own" in result.stdout
+    )
+    assert "the scenario's [[devices]]" in " ".join(npu("simulate", "--help").stdout.split())

@@ -21,6 +21,7 @@ from npumanager.core.plugins.registry import PluginRegistry
 from npumanager.errors import ConfigError, NpuManagerError
 from npumanager.schemas import DriverCapability, DriverRecord
 from npumanager.schemas.limits import MAX_REAL_DEMO_SECONDS, REAL_DEMO_SECONDS
+from npumanager.simulation.devices import on_devices
 from npumanager.simulation.managed import check_policy
 from npumanager.simulation.progress import ProgressBar
 from npumanager.simulation.runner import RunResult, run_direct, run_managed
@@ -80,7 +81,9 @@ def add_play_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument(
         "--driver",
-        help="the driver to run on (default: vnpu; with demo --real, openvino or onnxruntime)",
+        help="the driver to run on (default: vnpu; with demo --real, openvino or onnxruntime); "
+        "a simulation runs on the scenario's [[devices]] in place of the driver's own device, "
+        "or on the driver's own when the scenario has none",
     )
     parser.add_argument(
         "--trace",
@@ -184,6 +187,7 @@ def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str], 
     args = ctx.args
     args.driver = args.driver or DEFAULT_DRIVER
     _check_driver(ctx.registry, args.driver)
+    scenario, devices = on_devices(scenario, ctx.registry, args.driver, origin)
     if "managed" in modes:
         with _blamed(origin):
             check_policy(scenario, ctx.registry)
@@ -218,7 +222,7 @@ def _play(ctx: Context, table: Table, scenario: Scenario, modes: Sequence[str], 
         return 0
     print(f"{scenario.name}: {scenario.description}", file=ctx.out)
     print(
-        f"{scenario.duration_ms / 1000:g} s of virtual time on {args.driver}; "
+        f"{scenario.duration_ms / 1000:g} s of virtual time on {args.driver}, {devices}; "
         f"managed runs the {scenario.policy!r} policy\n",
         file=ctx.out,
     )
