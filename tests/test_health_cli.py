@@ -60,7 +60,7 @@ def test_health_text(tmp_path: Path) -> None:
     assert "memory system: critical (2); some avg10 45.00%, full avg10 0.00%, no triggers" in out
     assert "thermal_zone3:soc  1       81.0    MODERATE" in out
     assert out.rstrip().endswith(
-        "memory pressure: critical (2); thermal: device 0: NONE, device 1: MODERATE"
+        "memory pressure: critical (2); thermal: device 0: unknown, device 1: MODERATE"
     )
 
 

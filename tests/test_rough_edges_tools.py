@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import health_trees as tree
 from helpers.unavailable import without, write_blocker
 
 CONSOLE_SCRIPT = str(Path(sys.executable).with_name("npu-manager"))
@@ -201,3 +203,44 @@ def test_simulate_says_when_the_scenarios_device_replaces_the_drivers(trio_site:
         "in place of the driver's own" in result.stdout
     )
     assert "the scenario's [[devices]]" in " ".join(npu("simulate", "--help").stdout.split())
+
+
+# health ----------------------------------------------------------------------------------
+
+
+def test_health_without_thermal_zones_does_not_guess_none(tmp_path: Path) -> None:
+    tree.memory(tmp_path, 1.0)
+    spec = f"linux:root={tmp_path},triggers=off"
+    text = npu("health", "--source", spec)
+    assert text.returncode == 0, text.stderr
+    assert "NONE" not in text.stdout
+    assert text.stdout.rstrip().endswith("thermal: unknown (no source reads a temperature)")
+    doc = json.loads(npu("health", "--source", spec, "--json").stdout)
+    assert doc["severity"] == {"0": None}
+
+
+def test_health_json_lines_say_when_each_was_read(tmp_path: Path) -> None:
+    tree.zone(tmp_path, 0, "soc", 40_000, tree.SOC_TRIPS)
+    spec = f"linux:root={tmp_path},triggers=off,interval_ms=20"
+    once = json.loads(npu("health", "--source", spec, "--json").stdout)
+    assert isinstance(once["sources"][0]["read_at_ms"], int)
+    process = subprocess.Popen(
+        [CONSOLE_SCRIPT, "health", "--source", spec, "--json", "--watch"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    try:
+        first = json.loads(process.stdout.readline())["sources"][0]["read_at_ms"]
+        tree.heat(tmp_path, 0, 60_000)
+        for line in process.stdout:
+            later = json.loads(line)["sources"][0]["read_at_ms"]
+            assert isinstance(later, int) and later >= first
+            if later > first:
+                break
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+        assert process.returncode == 0
+    finally:
+        process.kill()
+        process.wait()

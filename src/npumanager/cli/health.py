@@ -8,6 +8,7 @@ import argparse
 import json
 import re
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -119,10 +120,17 @@ def render(doc: dict[str, Any]) -> str:
             lines.extend("  " + row for row in format_table(devices, headers).splitlines())
         if not (source["error"] or source.get("memory") or zones or devices):
             lines.append("  nothing readable")
-    severities = ", ".join(f"device {d}: {s}" for d, s in doc["severity"].items())
     level = doc["memory_pressure"]
-    lines.append(f"memory pressure: {_LEVELS[level]} ({level}); thermal: {severities}")
+    lines.append(f"memory pressure: {_LEVELS[level]} ({level}); thermal: {_thermal(doc)}")
     return "\n".join(lines)
+
+
+def _thermal(doc: dict[str, Any]) -> str:
+    """Each device's combined severity; `unknown` where no source read a temperature."""
+    severities = doc["severity"]
+    if all(s is None for s in severities.values()):
+        return "unknown (no source reads a temperature)"
+    return ", ".join(f"device {d}: {s or 'unknown'}" for d, s in severities.items())
 
 
 _COUNTERS = ("busy_time_us", "memory_used_bytes", "frequency_mhz", "max_frequency_mhz")
@@ -153,6 +161,7 @@ def cmd_health(ctx: Any) -> int:
                 state.sample = read_once(source)
             except Exception as exc:
                 state.error = describe_problem(exc)
+            state.read_at_ms = _now_ms()
         _show(ctx, board, ctx.out)
         return 1 if any(state.error for state, _ in built) else 0
     finally:
@@ -163,12 +172,18 @@ def cmd_health(ctx: Any) -> int:
                     close()
 
 
+def _now_ms() -> int:
+    """When a reading was taken: the monotonic clock in milliseconds, as a real-time
+    service stamps its own (`read_at_ms` in `info`)."""
+    return time.monotonic_ns() // 1_000_000
+
+
 def _watch(ctx: Any, board: HealthBoard, built: list[tuple[SourceState, HealthSource]]) -> int:
     lock = threading.Lock()
 
     def deliver(state: SourceState, sample: HealthSample | None, error: str | None) -> None:
         with lock:
-            state.sample, state.error = sample, error
+            state.sample, state.error, state.read_at_ms = sample, error, _now_ms()
             if all(s.sample is not None or s.error for s, _ in built):
                 _show(ctx, board, ctx.out)
 

@@ -87,8 +87,14 @@ class HealthBoard:
 
     def severity(self, device: int) -> ThermalSeverity:
         """The most severe thermal reading of any source for the device (NONE without one)."""
+        read = self.read_severity(device)
+        return ThermalSeverity.NONE if read is None else read
+
+    def read_severity(self, device: int) -> ThermalSeverity | None:
+        """The most severe thermal reading of any source for the device, or None when no
+        source read one (unknown, never guessed as NONE)."""
         found = [s.sample.severity(device) for s in self.sources if s.sample is not None]
-        return max((f for f in found if f is not None), default=ThermalSeverity.NONE)
+        return max((f for f in found if f is not None), default=None)
 
     def memory_pressure(self) -> int:
         """The highest memory level any source read (0 without one)."""
@@ -112,7 +118,7 @@ class HealthBoard:
         """The readings of every source and what they combine to, as JSON-ready data."""
         return {
             "memory_pressure": self.memory_pressure(),
-            "severity": {str(d): self.severity(d).name for d in devices},
+            "severity": {str(d): _name(self.read_severity(d)) for d in devices},
             "sources": [
                 {
                     "name": s.name,
@@ -123,3 +129,7 @@ class HealthBoard:
                 for s in self.sources
             ],
         }
+
+
+def _name(severity: ThermalSeverity | None) -> str | None:
+    return None if severity is None else severity.name
