@@ -244,3 +244,122 @@ def test_health_json_lines_say_when_each_was_read(tmp_path: Path) -> None:
     finally:
         process.kill()
         process.wait()
+
+
+# demo --real: who did no work, and why ---------------------------------------------------
+
+
+def test_real_metrics_explain_every_app_that_did_no_work_from_what_was_recorded() -> None:
+    from npumanager.simulation.real_apps import AppScore
+    from npumanager.simulation.real_demo import metrics
+    from npumanager.simulation.scenario import load_scenario, shipped_scenarios
+
+    scenario = load_scenario(shipped_scenarios()["demo"])
+    scores = {app.name: AppScore() for app in scenario.apps}
+    scores["camera"] = AppScore(done=30, start_s=0.0, submitted=30, started=30)
+    scores["assistant"] = AppScore(
+        start_s=1.33, asked_s=1.33, granted_s=[1.34], submitted=4, started=4
+    )
+    scores["assistant"].unloads = ["HIGHER_PRIORITY_REQUEST"]
+    scores["assistant"].unloaded_s = [1.5]
+    scores["llm"] = AppScore(
+        start_s=0.07, asked_s=0.07, granted_s=[0.08], submitted=3, started=34, preempted=34
+    )
+    scores["indexer"] = AppScore(asked_s=0.13, error="its model was not granted during the run")
+    out = metrics(scenario, scores, seconds=4.0)
+    why = out["no_work"]
+    assert set(why) == {"assistant", "llm", "indexer"}, "the camera did work"
+    assert why["llm"] == (
+        "3 inferences submitted from 0.08 s; they started 34 times and were stopped 34 times "
+        "to free a channel for more important work (restart preemption), so none ran to its "
+        "end (about 250 ms on an idle machine)"
+    )
+    assert why["indexer"] == (
+        "asked for its model at 0.13 s and was not granted it before the run ended at 4 s"
+    )
+    assert why["assistant"] == (
+        "4 inferences submitted from 1.34 s; 4 started and none finished before it was asked "
+        "for its model back at 1.50 s (HIGHER_PRIORITY_REQUEST)"
+    )
+
+
+FIRST_COME = """
+name = "first_come"
+duration_ms = 1000
+policy = "turn_taking"
+
+[[apps]]
+name = "holder"
+role = "background"
+uid = 10001
+importance = "CACHED"
+model_bytes = 1000
+[apps.work]
+kind = "loop"
+cost_us = 2000
+
+[[apps]]
+name = "late"
+role = "indexer"
+uid = 10002
+importance = "CACHED"
+priority = "OPPORTUNISTIC"
+model_bytes = 1000
+start_ms = 800
+stop_ms = 900
+[apps.work]
+kind = "loop"
+cost_us = 2000
+
+[[events]]
+at_ms = 100
+kind = "importance"
+app = "holder"
+importance = "FOREGROUND"
+"""
+"""One model at a time: the holder keeps the device to the end, so the late app, which
+asks at 80% of the run and gives up at 90%, is never granted it."""
+
+
+def test_the_real_demo_table_says_who_did_no_work_and_why(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    scenario = tmp_path / "first_come.toml"
+    scenario.write_text(FIRST_COME)
+    argv = ["demo", "--real", "--driver", "onnxruntime", "--scenario", str(scenario)]
+    result = npu(*argv, "--seconds", "0.5")
+    assert result.returncode == 0, result.stderr
+    assert "holder (cached; foreground at 0.05 s), late (cached)" in result.stdout
+    (line,) = [ln for ln in result.stdout.splitlines() if ln.startswith("managed: late ")]
+    assert line.startswith("managed: late did no work: asked for its model at 0.")
+    assert line.endswith(" s and was not granted it before it stopped at 0.45 s")
+    runs = json.loads(npu(*argv, "--seconds", "0.5", "--json").stdout)
+    for run in runs.values():
+        idle = {name for name, done in run["jobs_done"].items() if done == 0}
+        assert set(run.get("no_work", {})) == idle, run
+    assert "late" in runs["managed"]["no_work"]
+
+
+def test_the_plots_labels_do_not_overlap() -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.text import Text
+
+    from npumanager.simulation.plot import build_figure
+    from npumanager.simulation.runner import run_direct, run_managed
+    from npumanager.simulation.scenario import load_scenario, shipped_scenarios
+
+    scenario = load_scenario(shipped_scenarios()["demo"])
+    results = [run_direct(scenario), run_managed(scenario)]
+    assert len(results[1].unloads) >= 10, "the managed run has many unloads close together"
+    figure = build_figure(results, scenario)
+    renderer = figure.canvas.get_renderer()
+    figure.draw(renderer)
+    boxes = [
+        (text.get_text(), text.get_window_extent(renderer))
+        for text in figure.findobj(Text)
+        if text.get_visible() and text.get_text().strip()
+    ]
+    reasons = {reason.lower() for _, _, reason in results[1].unloads}
+    assert any(any(r in label for r in reasons) for label, _ in boxes), "reasons are named"
+    for index, (label, box) in enumerate(boxes):
+        for other, other_box in boxes[index + 1 :]:
+            assert not box.overlaps(other_box), (label, other)

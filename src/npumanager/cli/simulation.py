@@ -265,7 +265,7 @@ def _play_real(ctx: Context, table: Table, default: Path) -> int:
         json.dump(metrics, ctx.out, indent=2)
         ctx.out.write("\n")
         return 0
-    apps = ", ".join(f"{app.name} ({app.importance.name.lower()})" for app in scenario.apps)
+    apps = ", ".join(_importances(plan, app) for app in scenario.apps)
     print(f"demo --real: {scenario.name}'s apps {apps}", file=ctx.out)
     print(
         f"real models on {driver}, {seconds:g} s of wall time per run; managed runs the "
@@ -279,9 +279,27 @@ def _play_real(ctx: Context, table: Table, default: Path) -> int:
     ]
     print(table(body, ["", *(mode.upper() for mode in MODES)]), file=ctx.out)
     for mode in MODES:
+        idle = metrics[mode].get("no_work", {})
+        for name, why in idle.items():
+            print(f"{mode}: {name} did no work: {why}", file=ctx.out)
         for name, why in metrics[mode].get("apps_stopped", {}).items():
-            print(f"{mode}: {name}: {why}", file=ctx.out)
+            if name not in idle:
+                print(f"{mode}: {name} stopped early: {why}", file=ctx.out)
     return 0
+
+
+def _importances(plan: Any, app: Any) -> str:
+    """`assistant (cached; foreground at 1.33 s)`: an app's importance at its start and the
+    scenario's changes of it within the run, at their scaled times (the managed run's)."""
+    changes = [
+        f"{event.importance.name.lower()} at {plan.at(event.at_ms):.2f} s"
+        for event in sorted(plan.scenario.events, key=lambda e: e.at_ms)
+        if event.kind == "importance"
+        and event.app == app.name
+        and event.importance is not None
+        and plan.at(event.at_ms) < plan.seconds
+    ]
+    return f"{app.name} ({'; '.join([app.importance.name.lower(), *changes])})"
 
 
 def _run(

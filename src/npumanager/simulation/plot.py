@@ -2,8 +2,9 @@
 
 Per run, top to bottom: the channels over time, each stretch of execution coloured by its
 app (a colour chosen from the app's name, so the same app looks the same in every run and
-scenario, never the red or blue of the curves), with unload requests (and their reasons),
-loads that did not fit (direct) and camera deadline misses marked; below it the
+scenario, never the red or blue of the curves), with unload requests (a mark for each
+reason), loads that did not fit (direct) and camera deadline misses marked, and a legend
+of the marks above; below it the
 temperature and the weight memory in use against the labelled capacity, throttled
 stretches shaded. PNG, JPEG, SVG or PDF, by the file's suffix.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -144,26 +145,45 @@ def _draw_lanes(
     ]
     ax.set_yticks(range(rows), labels)
     ax.set_ylim(rows - 0.4, -1.4)
+    reasons = sorted({reason for _, _, reason in result.unloads})
+    marker = {reason: _REASON_MARKERS[i % len(_REASON_MARKERS)] for i, reason in enumerate(reasons)}
     for t_ms, app, reason in result.unloads:
         ax.axvline(t_ms, color=colours.get(app, "black"), linestyle="--", linewidth=1)
-        ax.plot([t_ms], [-0.9], marker="v", color=colours.get(app, "black"), markersize=8)
-        ax.annotate(reason.lower(), (t_ms, -0.9), xytext=(4, 2), textcoords="offset points",
-                    fontsize=7, color=colours.get(app, "black"))  # fmt: skip
+        ax.plot([t_ms], [-0.9], marker=marker[reason], color=colours.get(app, "black"),
+                markersize=8, linestyle="none")  # fmt: skip
     missed = [t_ms for t_ms, _ in result.deadline_misses]
     if missed:
         ax.plot(missed, [-1.2] * len(missed), "|", color="black", markersize=6)
     for t_ms, app in result.load_failures:
         ax.plot([t_ms], [-0.9], marker="x", color=colours.get(app, "red"), markersize=8)
-    notes = []
-    if result.unloads:
-        notes.append(f"v dashed: unload requested ({len(result.unloads)})")
+    # What the marks mean, each once in a legend above the lanes: a label per mark at its
+    # time would overlap its neighbours wherever unloads come close together.
+    keys = [
+        _mark(marker[reason], f"unload asked: {reason.lower()} ({count})")
+        for reason, count in Counter(reason for _, _, reason in result.unloads).most_common()
+    ]
     if missed:
-        notes.append(f"| top: a camera deadline missed ({result.metrics.camera_deadline_misses})")
+        misses = result.metrics.camera_deadline_misses
+        keys.append(_mark("|", f"a camera deadline missed ({misses})"))
     if result.load_failures:
-        notes.append(f"x: a load did not fit, the LMK would strike ({len(result.load_failures)})")
-    if notes:
-        ax.text(1.0, 1.02, "   ".join(notes), transform=ax.transAxes, ha="right", fontsize=9)
+        failures = len(result.load_failures)
+        keys.append(_mark("x", f"a load did not fit, the LMK would strike ({failures})"))
+    if keys:
+        ax.legend(handles=keys, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncols=len(keys),
+                  fontsize=8, frameon=False, borderaxespad=0.2, handletextpad=0.3,
+                  columnspacing=1.2)  # fmt: skip
     ax.tick_params(labelbottom=False)
+
+
+_REASON_MARKERS = ("v", "D", "s", "P", "*", "^", "p", "h")
+"""The mark of each unload reason on the lanes (coloured by the app asked)."""
+
+
+def _mark(symbol: str, label: str) -> Any:
+    """A legend key: `symbol` in black, then `label`."""
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], marker=symbol, color="black", linestyle="none", label=label)
 
 
 def throttled_stretches(result: RunResult) -> list[tuple[int, int]]:

@@ -42,6 +42,20 @@ class AppScore:
     """Why the app stopped early or never ran (its model was taken back, never granted)."""
     unloads: list[str] = field(default_factory=list)
     """Why the service asked for the app's model back, each time it did (and got it)."""
+    unloaded_s: list[float] = field(default_factory=list)
+    """When (seconds into the run) each of those requests came."""
+    asked_s: float | None = None
+    """Managed: when the app first asked for its model."""
+    granted_s: list[float] = field(default_factory=list)
+    """Managed: when it was granted its model, each time."""
+    start_s: float | None = None
+    """When it started (its scaled `start_ms`); a managed app then asks for its model."""
+    submitted: int = 0
+    """Inferences it submitted (or ran)."""
+    started: int = 0
+    """Times the driver reported one of its inferences started (a restart counts again)."""
+    preempted: int = 0
+    """Times the driver stopped one of its running inferences for more important work."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +90,7 @@ def _periodic(
     next_at = time.perf_counter()
     while not stop.wait(max(0.0, next_at - time.perf_counter())):
         start = time.perf_counter()
+        score.submitted += 1
         run()
         latency = (time.perf_counter() - start) * 1000
         score.latencies_ms.append(latency)
@@ -101,11 +116,13 @@ def _loop(
     submit: Callable[[], Pending], burst: int, stop: threading.Event, score: AppScore
 ) -> None:
     pending = [submit() for _ in range(burst)]
+    score.submitted += burst
     try:
         while _wait(pending[0], stop):
             pending.pop(0)
             score.done += 1
             pending.append(submit())
+            score.submitted += 1
     finally:
         for handle in pending:
             handle.cancel()
@@ -121,6 +138,7 @@ def _bursts(
     next_at = time.perf_counter()
     while not stop.wait(max(0.0, next_at - time.perf_counter())):
         pending = [submit() for _ in range(burst)]
+        score.submitted += burst
         try:
             while pending and _wait(pending[0], stop):
                 pending.pop(0)

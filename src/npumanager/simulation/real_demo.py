@@ -18,14 +18,16 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from npumanager.core.driver.contract import TimedWork
+from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.core.driver.job import Job
 from npumanager.core.plugins.registry import PluginRegistry
 from npumanager.core.service.service import Service
 from npumanager.errors import NpuManagerError, UnknownPluginError
-from npumanager.schemas import ModelLoadRequest, ModelSize
+from npumanager.schemas import EndReason, ModelLoadRequest, ModelSize
 from npumanager.schemas.limits import MAX_REAL_DEMO_COST_US
 from npumanager.simulation.real_apps import WAIT_S, AppScore, Runner, play
 from npumanager.simulation.scenario import App, Scenario
@@ -91,6 +93,7 @@ def _app_thread(plan: Plan, app: App, t0: float, body: Any, score: AppScore) -> 
         stop, end = threading.Event(), t0 + plan.until(app)
         if stop.wait(max(0.0, t0 + plan.at(app.start_ms) - time.perf_counter())):
             return
+        score.start_s = time.perf_counter() - t0
         timer = threading.Timer(max(0.0, end - time.perf_counter()), stop.set)
         timer.start()
         try:
@@ -107,6 +110,7 @@ def run_direct(plan: Plan) -> dict[str, Any]:
     """Each app with its own driver and runtime session, nobody arbitrating."""
     factory = plan.factory
     scores = {app.name: AppScore() for app in plan.scenario.apps}
+    drivers: list[tuple[App, Any]] = []
     with contextlib.ExitStack() as stack:
         bodies = []
         for app in plan.scenario.apps:
@@ -118,6 +122,7 @@ def run_direct(plan: Plan) -> dict[str, Any]:
                 restart_preemption=False,
             )
             stack.callback(driver.close)
+            drivers.append((app, driver))
             handle = driver.load_model(0, model=plan.model)
             feeds = plan.inputs[app.name]
             runner = Runner(
@@ -127,7 +132,9 @@ def run_direct(plan: Plan) -> dict[str, Any]:
             bodies.append((app, _worker(app, runner, scores[app.name])))
         t0 = time.perf_counter()  # once every app's model is loaded, as in the managed run
         _run([_app_thread(plan, app, t0, body, scores[app.name]) for app, body in bodies])
-    return metrics(plan.scenario, scores)
+        for app, driver in drivers:
+            count_events(driver.take_events(), {app.uid: scores[app.name]})
+    return metrics(plan.scenario, scores, seconds=plan.seconds)
 
 
 def run_managed(plan: Plan, registry: PluginRegistry) -> dict[str, Any]:
@@ -140,28 +147,36 @@ def run_managed(plan: Plan, registry: PluginRegistry) -> dict[str, Any]:
     ) as svc:
         for app in scenario.apps:
             svc.set_uid_importance(app.uid, app.importance)
+        by_uid = {app.uid: scores[app.name] for app in scenario.apps}
+        svc.add_listener(lambda events: count_events(events, by_uid))
         t0 = time.perf_counter()
         threads = [
-            _app_thread(plan, app, t0, _managed_body(svc, plan, i, app, scores[app.name]), score)
+            _app_thread(plan, app, t0, _managed_body(svc, plan, i, app, score, t0), score)
             for i, (app, score) in enumerate(zip(scenario.apps, scores.values(), strict=True), 1)
         ]
         changes = threading.Thread(target=_importance_changes, args=(svc, plan, t0), daemon=True)
         _run([*threads, changes])
-    return metrics(scenario, scores)
+    return metrics(scenario, scores, seconds=plan.seconds)
 
 
-def _managed_body(svc: Service, plan: Plan, index: int, app: App, score: AppScore) -> Any:
+def _managed_body(
+    svc: Service, plan: Plan, index: int, app: App, score: AppScore, t0: float
+) -> Any:
     """A managed app's life: ask for its model, work until the run ends or the service
-    wants the model back, then give it back and (after `retry_ms`) ask again."""
+    wants the model back, then give it back and (after `retry_ms`) ask again. When it
+    asked, was granted and was asked to give back is noted in `score`."""
 
     def body(stop: threading.Event, end: float) -> None:
         manager = svc.manager(app.uid, uses_feature=True)
         while not stop.is_set():
             wait = max(0.001, end - time.perf_counter())
+            if score.asked_s is None:
+                score.asked_s = time.perf_counter() - t0
             try:  # only the grant times out: the work itself waits in steps (`real_apps`)
                 with manager.reserve(
                     _request(index, app), timeout_s=wait, weight_bytes=plan.weight_bytes
                 ) as lease:
+                    score.granted_s.append(time.perf_counter() - t0)
                     model = lease.load_model(model=plan.model)
                     play(app, _runner(model, plan.inputs[app.name]), _until(stop, lease), score)
             except TimeoutError:
@@ -170,6 +185,7 @@ def _managed_body(svc: Service, plan: Plan, index: int, app: App, score: AppScor
             if lease.unload_requested:
                 reason = lease.unload_reason
                 score.unloads.append(reason.name if reason is not None else "UNKNOWN")
+                score.unloaded_s.append(time.perf_counter() - t0)
             stop.wait(app.retry_ms / 1000)
 
     return body
@@ -226,8 +242,55 @@ def _run(threads: list[threading.Thread]) -> None:
         thread.join()
 
 
-def metrics(scenario: Scenario, scores: dict[str, AppScore]) -> dict[str, Any]:
-    """The simulated demo's keys that apply to a real run, for the roles some app plays."""
+def count_events(events: Sequence[WorkEvent], scores: dict[int, AppScore]) -> None:
+    """Count, per uid, the starts of inferences the driver reported and the stops of running
+    ones for more important work (an end PAUSED: restart preemption)."""
+    for event in events:
+        score = scores.get(event.uid)
+        if score is None:
+            continue
+        if event.kind == EventKind.STARTED:
+            score.started += 1
+        elif event.kind == EventKind.ENDED and event.reason == EndReason.PAUSED:
+            score.preempted += 1
+
+
+def why_no_work(app: App, score: AppScore, ended: str) -> str:
+    """Why an app finished no inference, from what its run recorded; `ended` says when its
+    time was up (`the run ended at 4 s`)."""
+    if score.asked_s is not None and not score.granted_s:
+        return f"asked for its model at {score.asked_s:.2f} s and was not granted it before {ended}"
+    if score.error is not None:
+        granted = f"granted its model at {score.granted_s[0]:.2f} s; " if score.granted_s else ""
+        return f"{granted}it stopped: {score.error}"
+    began = score.granted_s[0] if score.granted_s else score.start_s
+    if score.submitted == 0 or began is None:
+        return f"it submitted no inference before {ended}"
+    n = score.submitted
+    said = f"{n} inference{'s' if n != 1 else ''} submitted from {began:.2f} s; "
+    cost = f"about {app.work.cost_us / 1000:g} ms on an idle machine"
+    if score.preempted:
+        return said + (
+            f"they started {score.started} times and were stopped {score.preempted} times to "
+            "free a channel for more important work (restart preemption), so none ran to its "
+            f"end ({cost})"
+        )
+    if score.unloaded_s and len(score.granted_s) <= len(score.unloaded_s):
+        until = (
+            f"it was asked for its model back at {score.unloaded_s[-1]:.2f} s ({score.unloads[-1]})"
+        )
+    else:
+        until = f"{ended} (each takes {cost})"
+    if score.started == 0:
+        return said + f"none of them started before {until}"
+    return said + f"{score.started} started and none finished before {until}"
+
+
+def metrics(
+    scenario: Scenario, scores: dict[str, AppScore], *, seconds: float | None = None
+) -> dict[str, Any]:
+    """The simulated demo's keys that apply to a real run, for the roles some app plays,
+    and (`no_work`) why each app that finished no inference did not."""
     out: dict[str, Any] = {}
     by_role: dict[str, list[AppScore]] = {}
     for app in scenario.apps:
@@ -248,7 +311,22 @@ def metrics(scenario: Scenario, scores: dict[str, AppScore]) -> dict[str, Any]:
     stopped = {app.name: scores[app.name].error for app in scenario.apps}
     if any(stopped.values()):
         out["apps_stopped"] = {name: error for name, error in stopped.items() if error}
+    idle = [app for app in scenario.apps if scores[app.name].done == 0]
+    if idle:
+        out["no_work"] = {
+            app.name: why_no_work(app, scores[app.name], _ended(scenario, app, seconds))
+            for app in idle
+        }
     return out
+
+
+def _ended(scenario: Scenario, app: App, seconds: float | None) -> str:
+    """When the app's time was up: the run's end, or its own scaled `stop_ms` before it."""
+    if seconds is None:
+        return "the run ended"
+    if app.stop_ms is not None and app.stop_ms < scenario.duration_ms:
+        return f"it stopped at {app.stop_ms / scenario.duration_ms * seconds:.2f} s"
+    return f"the run ended at {seconds:g} s"
 
 
 def pick_driver(registry: PluginRegistry, asked: str | None) -> str:
