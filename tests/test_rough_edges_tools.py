@@ -266,6 +266,14 @@ def test_real_metrics_explain_every_app_that_did_no_work_from_what_was_recorded(
         start_s=0.07, asked_s=0.07, granted_s=[0.08], submitted=3, started=34, preempted=34
     )
     scores["indexer"] = AppScore(asked_s=0.13, error="its model was not granted during the run")
+    scores["camera"] = AppScore(start_s=0.0, submitted=1, started=3, preempted=3)
+    alone = metrics(scenario, scores, seconds=4.0)["no_work"]["camera"]
+    assert alone == (
+        "1 inference submitted from 0.00 s; it started 3 times and was stopped 3 times to free "
+        "a channel for more important work (restart preemption), so it never ran to its end "
+        "(about 8 ms on an idle machine)"
+    )
+    scores["camera"] = AppScore(done=30, start_s=0.0, submitted=30, started=30)
     out = metrics(scenario, scores, seconds=4.0)
     why = out["no_work"]
     assert set(why) == {"assistant", "llm", "indexer"}, "the camera did work"

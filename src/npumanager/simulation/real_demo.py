@@ -270,10 +270,11 @@ def why_no_work(app: App, score: AppScore, ended: str) -> str:
     said = f"{n} inference{'s' if n != 1 else ''} submitted from {began:.2f} s; "
     cost = f"about {app.work.cost_us / 1000:g} ms on an idle machine"
     if score.preempted:
+        they, were, none = ("they", "were", "none") if n != 1 else ("it", "was", "it never")
         return said + (
-            f"they started {score.started} times and were stopped {score.preempted} times to "
-            "free a channel for more important work (restart preemption), so none ran to its "
-            f"end ({cost})"
+            f"{they} started {score.started} times and {were} stopped {score.preempted} times "
+            "to free a channel for more important work (restart preemption), so "
+            f"{none} ran to its end ({cost})"
         )
     if score.unloaded_s and len(score.granted_s) <= len(score.unloaded_s):
         until = (
