@@ -32,6 +32,7 @@ LEAVES = {
     f"{PACKAGE}.sortedlist",
     f"{PACKAGE}.apps.identity",
     f"{PACKAGE}.apps.device_users",
+    f"{PACKAGE}.core.plugins.factories",
 }
 """Errors and leaf helpers: they import only the schemas (and a helper the errors it raises)."""
 LEAVES_ON_LEAVES = {f"{PACKAGE}.apps.device_users": {f"{PACKAGE}.apps.identity"}}

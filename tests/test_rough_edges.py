@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers.console import CONSOLE_SCRIPT, npu, one_line_error
 from npumanager.core.plugins import tomlfile
 from npumanager.errors import ConfigError
 from npumanager.schemas.limits import (
@@ -18,27 +18,6 @@ from npumanager.schemas.limits import (
     MAX_SCENARIO_JOBS,
     MAX_TOML_DEPTH,
 )
-
-CONSOLE_SCRIPT = str(Path(sys.executable).with_name("npu-manager"))
-"""The installed `npu-manager` command, as a user runs it."""
-
-
-def npu(*argv: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
-    """`npu-manager ARGV` as a user runs it."""
-    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kwargs}
-    return subprocess.run(  # type: ignore[call-overload, no-any-return]
-        [CONSOLE_SCRIPT, *argv], text=True, check=False, **streams
-    )
-
-
-def one_line_error(result: subprocess.CompletedProcess[str], *parts: str) -> str:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    for part in parts:
-        assert part in lines[0]
-    return lines[0]
 
 
 def app(index: int, work: str = 'kind = "periodic", cost_us = 500, period_ms = 10') -> str:

@@ -89,8 +89,9 @@ def add_serve(add: Add) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an option of the driver, e.g. capacity_bytes=1073741824, channels=2 or, for "
-        "openvino, device=CPU (repeatable)",
+        help="an option of the driver, e.g. max_models=64, max_live_work=4096 or, for "
+        "onnxruntime, channels=2, capacity_bytes=1073741824 (repeatable; an option the driver "
+        "does not take is refused, naming the ones it does)",
     )
     serve.add_argument(
         "--socket-group",

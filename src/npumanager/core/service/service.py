@@ -28,6 +28,7 @@ from npumanager.core.client.dispatch import DeliveryStats, run_inline
 from npumanager.core.client.manager import NpuManager
 from npumanager.core.driver.contract import Driver, VirtualTimeDriver
 from npumanager.core.driver.events import WorkEvent
+from npumanager.core.plugins.factories import build_with_options
 from npumanager.core.plugins.health import HealthSpec, build_health_source
 from npumanager.core.plugins.registry import PluginRegistry, load_plugins
 from npumanager.core.service.backend import LocalBackend
@@ -167,17 +168,11 @@ class Service:
             raise IllegalArgumentError(
                 f"driver {driver!r} cannot run a {self.clock} clock (it claims: {claimed})"
             )
-        if DriverCapability.REAL_TIME in record.capabilities:
-            options.setdefault("clock", self.clock)
-        try:
-            made = record.factory(devices, **options)
-        except TypeError as exc:
-            if "keyword argument" not in str(exc):
-                raise
-            given = ", ".join(sorted(options)) or "none"
-            raise IllegalArgumentError(
-                f"driver {driver!r} refused its options ({given}): {exc}"
-            ) from None
+        real = DriverCapability.REAL_TIME in record.capabilities
+        service_given = {"clock": self.clock} if real else {}
+        made = build_with_options(
+            f"driver {driver!r}", record.factory, (devices,), options, service_given
+        )
         if not isinstance(made, Driver):
             missing = [n for n in vars(Driver) if not n.startswith("_") and not hasattr(made, n)]
             raise IllegalArgumentError(

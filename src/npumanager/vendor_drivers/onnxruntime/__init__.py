@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Iterable
-from typing import Any
 
+from npumanager.core.plugins.factories import LazyFactory
 from npumanager.core.plugins.hookspecs import hookimpl
 from npumanager.schemas import DriverCapability, DriverRecord
 
@@ -46,12 +46,6 @@ def available() -> bool:
     return True
 
 
-def _factory(*args: Any, **kwargs: Any) -> Any:
-    from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver
-
-    return OnnxRuntimeDriver(*args, **kwargs)
-
-
 @hookimpl
 def npumanager_register_drivers() -> Iterable[DriverRecord]:
     """Register `onnxruntime` if the extra is installed; otherwise nothing (logged at info)."""
@@ -64,7 +58,9 @@ def npumanager_register_drivers() -> Iterable[DriverRecord]:
     return [
         DriverRecord(
             name="onnxruntime",
-            factory=_factory,
+            factory=LazyFactory(
+                "npumanager.vendor_drivers.onnxruntime.driver", "OnnxRuntimeDriver"
+            ),
             capabilities=CAPABILITIES,
             description="ONNX models run for real in onnxruntime sessions, fair-scheduled",
         )

@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Iterable
-from typing import Any
 
+from npumanager.core.plugins.factories import LazyFactory
 from npumanager.core.plugins.hookspecs import hookimpl
 from npumanager.schemas import DriverCapability, DriverRecord
 
@@ -44,12 +44,6 @@ def available() -> bool:
     return True
 
 
-def _factory(*args: Any, **kwargs: Any) -> Any:
-    from npumanager.vendor_drivers.openvino.driver import OpenVinoDriver
-
-    return OpenVinoDriver(*args, **kwargs)
-
-
 @hookimpl
 def npumanager_register_drivers() -> Iterable[DriverRecord]:
     """Register `openvino` if the extra is installed; otherwise nothing (logged at info)."""
@@ -61,7 +55,7 @@ def npumanager_register_drivers() -> Iterable[DriverRecord]:
     return [
         DriverRecord(
             name="openvino",
-            factory=_factory,
+            factory=LazyFactory("npumanager.vendor_drivers.openvino.driver", "OpenVinoDriver"),
             capabilities=CAPABILITIES,
             description="models run for real by OpenVINO (NPU if present, else CPU)",
         )
