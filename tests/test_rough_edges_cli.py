@@ -3,6 +3,7 @@ no traceback) and the public API (an `NpuManagerError`)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -102,3 +103,22 @@ def test_a_third_party_drivers_options_are_checked_the_same_way() -> None:
 def test_the_clock_is_the_services_not_a_driver_option() -> None:
     with pytest.raises(NpuManagerError, match="'clock' is not an option of driver 'vnpu'"):
         npu_api.Service("vnpu", clock="virtual", driver_options={"clock": "real"})
+
+
+# The socket (items 3 and 6) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("given", ["", ".", "/"])
+def test_serve_on_a_socket_path_without_a_name_is_one_line(tmp_path: Path, given: str) -> None:
+    one_line_error(
+        npu("serve", "--socket", given, timeout=WAIT_S),
+        "--socket must name the daemon's socket file",
+    )
+
+
+@pytest.mark.parametrize("verb", [["serve"], ["info"]])
+def test_an_empty_socket_variable_is_refused_not_taken_as_unset(verb: list[str]) -> None:
+    env = {**os.environ, "NPUMANAGER_SOCKET": ""}
+    one_line_error(
+        npu(*verb, env=env, timeout=WAIT_S), "NPUMANAGER_SOCKET is set but empty", "unset it"
+    )

@@ -107,6 +107,8 @@ def test_socket_activation_serves_the_inherited_socket_and_notifies(socket_dir: 
     finally:
         stderr = reap(process)
     assert "serving the socket systemd passed" in stderr, stderr
+    assert f"serving on {path}:" in stderr, "the log names the socket systemd passed"
+    assert "removed" not in stderr and f"{path} is left to systemd" in stderr, stderr
     assert path.exists(), "an inherited socket belongs to its socket unit: it is left in place"
 
 

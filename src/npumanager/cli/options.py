@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from npumanager.daemon.peer import socket_file
 from npumanager.errors import NpuManagerError
 from npumanager.schemas.limits import (
     BUDGET_SIZE_CLASSES,
@@ -34,7 +34,6 @@ Add = Callable[[str, Callable[[Any], int], str], argparse.ArgumentParser]
 def socket_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--socket",
-        type=Path,
         metavar="PATH",
         help="the daemon's socket (default: $NPUMANAGER_SOCKET, else the per-user runtime "
         "socket, else the system service's /run/npu-manager/npu.sock)",
@@ -134,14 +133,13 @@ def client(args: argparse.Namespace) -> Any:
     """A `DaemonClient` on the verb's `--socket`, with its `--timeout`."""
     from npumanager.daemon.client.client import DaemonClient
 
-    if args.socket is not None and str(args.socket) in ("", "."):
-        raise NpuManagerError("--socket must name the daemon's socket file; got an empty path")
+    socket = None if args.socket is None else socket_file(args.socket, "--socket")
     timeout = getattr(args, "timeout", DEFAULT_CALL_TIMEOUT_S)
     if not 0 < timeout <= MAX_CALL_TIMEOUT_S:
         raise NpuManagerError(
             f"--timeout must be more than 0 and at most {MAX_CALL_TIMEOUT_S:g} s; got {timeout:g}"
         )
-    return DaemonClient(args.socket, timeout_s=timeout)
+    return DaemonClient(socket, timeout_s=timeout)
 
 
 def check_uid(uid: int) -> int:

@@ -10,7 +10,6 @@ import signal
 import socket
 import sys
 import warnings
-from pathlib import Path
 from typing import Any, TextIO
 
 from npumanager.cli.options import (
@@ -309,7 +308,7 @@ def _check_hosts(args: argparse.Namespace, service: Any) -> None:
 def cmd_serve(ctx: CommandContext) -> int:
     """Serve one arbiter on the socket until SIGTERM or SIGINT."""
     from npumanager.core.service.service import Service
-    from npumanager.daemon.peer import SOCKET_ENV, group_id, user_socket_path
+    from npumanager.daemon.peer import group_id, named_socket, socket_file, user_socket_path
     from npumanager.daemon.server.server import Daemon
 
     args = ctx.args
@@ -319,8 +318,8 @@ def cmd_serve(ctx: CommandContext) -> int:
     logging.basicConfig(stream=ctx.err, level=args.log_level.upper(), format=_LOG_FORMAT)
     warnings.showwarning = _log_warning
     listener = _inherited_listener(args)
-    named = args.socket or os.environ.get(SOCKET_ENV)
-    path = Path(named) if named else user_socket_path()
+    named = socket_file(args.socket, "--socket") if args.socket is not None else named_socket()
+    path = named or user_socket_path()
     default_place = named is None
     socket_group = group_id(args.socket_group) if args.socket_group else None
     management_group = group_id(args.management_group) if args.management_group else None
@@ -383,7 +382,10 @@ def cmd_serve(ctx: CommandContext) -> int:
         daemon.max_connections,
     )
     daemon.serve_forever()
-    log.info("stopped; every live request was completed and %s removed", path)
+    if listener is None:
+        log.info("stopped; every live request was completed and %s removed", path)
+    else:
+        log.info("stopped; every live request was completed; %s is left to systemd", path)
     if daemon.abandoned_load:
         # The loader's thread is inside the runtime: the interpreter's exit would tear the
         # runtime down under it (a C++ terminate). End here, logs flushed.
@@ -391,3 +393,4 @@ def cmd_serve(ctx: CommandContext) -> int:
         ctx.err.flush()
         os._exit(0)
     return 0
+    path = daemon.socket_path  # the socket systemd passed, under socket activation

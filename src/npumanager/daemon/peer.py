@@ -83,13 +83,37 @@ def user_socket_path() -> Path:
         )
 
 
+def socket_file(path: str | Path, named_by: str) -> Path:
+    """`path` if it can name a socket file, else a one-line `NpuManagerError` saying what
+    named it (`--socket`, the variable): empty, ".", "/" and the like name no file."""
+    text = str(path)
+    if not text or Path(text).name in ("", ".", ".."):
+        got = repr(text) if text else "an empty path"
+        raise NpuManagerError(f"{named_by} must name the daemon's socket file; got {got}")
+    return Path(text)
+
+
+def named_socket() -> Path | None:
+    """The socket `$NPUMANAGER_SOCKET` names, or None when it is unset; set but empty (or
+    naming no file) is a one-line `NpuManagerError`, never taken as unset."""
+    named = os.environ.get(SOCKET_ENV)
+    if named is None:
+        return None
+    if not named:
+        raise NpuManagerError(
+            f"{SOCKET_ENV} is set but empty; unset it to use the default socket, or set it "
+            "to the socket file's path"
+        )
+    return socket_file(named, SOCKET_ENV)
+
+
 def default_socket_path() -> Path:
     """Where a client looks: `$NPUMANAGER_SOCKET`; else the user's own daemon's socket if
     there is one; else the system service's (`SYSTEM_SOCKET_PATH`) if there is one; else
     the user's (so the error names it)."""
-    named = os.environ.get(SOCKET_ENV)
-    if named:
-        return Path(named)
+    named = named_socket()
+    if named is not None:
+        return named
     user = user_socket_path()
     if not user.exists() and Path(SYSTEM_SOCKET_PATH).exists():
         return Path(SYSTEM_SOCKET_PATH)
