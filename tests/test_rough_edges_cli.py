@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import os
 import re
+import select
+import signal
+import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 import npumanager as npu_api
-from helpers.console import npu, one_line_error
+from helpers.console import npu, one_line_error, started
 from npumanager.core.plugins.registry import load_plugins
 from npumanager.errors import NpuManagerError
 
@@ -122,3 +126,97 @@ def test_an_empty_socket_variable_is_refused_not_taken_as_unset(verb: list[str])
     one_line_error(
         npu(*verb, env=env, timeout=WAIT_S), "NPUMANAGER_SOCKET is set but empty", "unset it"
     )
+
+
+# Sinks (item 4) ---------------------------------------------------------------------------
+
+
+def test_a_sink_path_in_a_missing_folder_is_refused_and_not_created(tmp_path: Path) -> None:
+    target = tmp_path / "missing" / "x.jsonl"
+    one_line_error(
+        serve(tmp_path, "--sink", f"jsonl:path={target}"),
+        f"{tmp_path / 'missing'}: no such folder",
+    )
+    assert not target.parent.exists()
+
+
+def test_a_sink_path_that_cannot_be_written_is_refused_before_serving(tmp_path: Path) -> None:
+    one_line_error(serve(tmp_path, "--sink", f"jsonl:path={tmp_path}"), "is a directory")
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        one_line_error(
+            serve(tmp_path, "--sink", f"jsonl:path={locked / 'x.jsonl'}"), "Permission denied"
+        )
+
+
+def test_a_perfetto_path_in_a_missing_folder_is_refused_too(tmp_path: Path) -> None:
+    target = tmp_path / "missing" / "trace.json"
+    one_line_error(
+        serve(tmp_path, "--sink", f"perfetto:path={target}"), f"{target.parent}: no such folder"
+    )
+
+
+def read_until(process: subprocess.Popen[str], wanted: str) -> list[str]:
+    """The stderr lines of `process` up to the first holding `wanted` (waits for it)."""
+    assert process.stderr is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stderr], [], [], 1.0)
+        if ready:
+            line = process.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if wanted in line:
+                return lines
+    raise AssertionError(f"no line with {wanted!r} within {WAIT_S} s; got {lines}")
+
+
+def test_a_full_disk_under_the_jsonl_sink_is_one_log_line_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    socket_path = tmp_path / "s.sock"
+    serve = ["serve", "--socket", str(socket_path), "--health-interval-ms", "10"]
+    with started(*serve, "--sink", "jsonl:path=/dev/full") as process:
+        read_until(process, "serving on")
+        lines = read_until(process, "/dev/full")
+        process.send_signal(signal.SIGTERM)
+        rest = process.communicate(timeout=WAIT_S)[1]
+    log = "".join(lines) + rest
+    assert process.returncode == 0, log
+    assert "Traceback" not in log, log
+    about = [line for line in log.splitlines() if "/dev/full" in line]
+    assert len(about) == 1, log
+    assert "No space left on device" in about[0] and "dropped" in about[0], about
+
+
+def test_the_jsonl_sink_in_process_logs_a_write_error_once_and_never_raises(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from npumanager.telemetry.jsonl import JsonlSink
+
+    sink = JsonlSink("/dev/full")
+    event = npu_api.WorkEvent(2, 0, 1, None, 10001, 0, 10001, None, 0, 0, 1, 0, 1000, 1)
+    with caplog.at_level("INFO", logger="npumanager"):
+        for _ in range(3):
+            sink.handle([event] * 1000)  # past the file's buffer: written at once
+        sink.close()
+    about = [r for r in caplog.records if "/dev/full" in r.getMessage()]
+    assert len(about) == 1, [r.getMessage() for r in caplog.records]
+    assert about[0].exc_info is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a device node of its own (root)")
+def test_the_jsonl_sink_never_rotates_a_device(tmp_path: Path) -> None:
+    from npumanager.telemetry.jsonl import JsonlSink
+
+    null = tmp_path / "null"  # a /dev/null of this test's own: renaming it harms no one
+    os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    sink = JsonlSink(null, max_bytes=1)
+    event = npu_api.WorkEvent(2, 0, 1, None, 10001, 0, 10001, None, 0, 0, 1, 0, 1000, 1)
+    sink.handle([event])
+    sink.handle([event])
+    sink.close()
+    assert null.is_char_device() and not (tmp_path / "null.1").exists()

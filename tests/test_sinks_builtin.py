@@ -38,6 +38,7 @@ def busy_service(svc: Service, *, heat: int = 0) -> None:
 
 def test_jsonl_writes_every_event_as_a_camel_case_record(tmp_path: Path) -> None:
     path = tmp_path / "logs" / "events.jsonl"
+    path.parent.mkdir()  # a named file's folder must exist
     with Service("vnpu", "pressure", clock="virtual") as svc:
         svc.add_sink("jsonl", path=path)
         busy_service(svc, heat=40_000)

@@ -123,6 +123,9 @@ DEFAULT_JSONL_BACKUPS: Final = 3
 """Rotated files the ``jsonl`` sink keeps."""
 JSONL_FLUSH_INTERVAL_S: Final = 1.0
 """The ``jsonl`` sink flushes its file at most this often (and on close)."""
+JSONL_RETRY_INTERVAL_S: Final = 10.0
+"""After a write fails (a full disk), the ``jsonl`` sink drops events and tries its file
+again at most this often, logging one line when it fails and one when it writes again."""
 WORK_DURATION_BUCKETS_S: Final = (
     0.0005,
     0.001,

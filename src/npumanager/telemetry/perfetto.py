@@ -14,6 +14,7 @@ Several sinks can share one file (`write_trace`): give each a `label` and its ow
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,10 @@ from npumanager.telemetry.events import (
     ModelLoadState,
     ModelLoadStateChanged,
 )
+from npumanager.telemetry.paths import writable_file
 from npumanager.telemetry.slices import Slice, SliceBuilder
+
+log = logging.getLogger(__name__)
 
 THERMAL_TID = 1 << 20
 """The thread id of a device's thermal track, above any lane."""
@@ -67,7 +71,7 @@ class PerfettoSink(EventSink):
             raise IllegalArgumentError(f"path must be a str or a Path; got {path!r}")
         if not isinstance(label, str):
             raise IllegalArgumentError(f"label must be a str; got {label!r}")
-        self.path = Path(path) if path is not None else None
+        self.path = writable_file(Path(path), "sink 'perfetto'") if path is not None else None
         self.label = label
         self.pid_base = check_int("pid_base", pid_base, 0, 1 << 30)
         self.names = dict(names or {})
@@ -240,7 +244,10 @@ class PerfettoSink(EventSink):
         for device, lane, start in self._slices.open_slices():
             self._slice(device, lane, start, max(self._last_us, start.time_us), None)
         if self.path is not None:
-            write_trace(self.path, [self])
+            try:
+                write_trace(self.path, [self])
+            except OSError as exc:
+                log.warning("sink 'perfetto': cannot write %s: %s", self.path, exc.strerror or exc)
 
 
 def trace_document(sinks: Iterable[PerfettoSink]) -> dict[str, Any]:
