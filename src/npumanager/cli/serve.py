@@ -373,6 +373,7 @@ def cmd_serve(ctx: CommandContext) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     daemon.wake_on_signals()
+    path = daemon.socket_path  # the socket systemd passed, under socket activation
     log.info(
         "serving on %s: driver %s, policy %s, pid %d, up to %d connections",
         path,
@@ -393,4 +394,3 @@ def cmd_serve(ctx: CommandContext) -> int:
         ctx.err.flush()
         os._exit(0)
     return 0
-    path = daemon.socket_path  # the socket systemd passed, under socket activation
