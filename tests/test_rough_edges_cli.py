@@ -220,3 +220,37 @@ def test_the_jsonl_sink_never_rotates_a_device(tmp_path: Path) -> None:
     sink.handle([event])
     sink.close()
     assert null.is_char_device() and not (tmp_path / "null.1").exists()
+
+
+# Config, plugins and options (items 7 to 10) ----------------------------------------------
+
+
+def test_dev_null_is_an_empty_config_and_other_devices_are_still_refused() -> None:
+    result = npu("--config", "/dev/null", "config")
+    assert result.returncode == 0, result.stderr
+    assert "config file: /dev/null" in result.stdout
+    one_line_error(npu("--config", "/dev/zero", "config"), "/dev/zero: is a character device")
+
+
+def test_disabling_a_plugin_no_one_installed_warns_naming_the_installed_ones() -> None:
+    env = {**os.environ, "NPUMANAGER_DISABLE_PLUGINS": "bogus"}
+    result = npu("plugins", env=env)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "warning:" in lines[0] and "'bogus'" in lines[0], lines[0]
+    assert "vnpu" in lines[0] and "builtin-sinks" in lines[0], "names the installed ones"
+
+
+def test_a_negative_unload_grace_names_the_option_and_a_human_range(tmp_path: Path) -> None:
+    line = one_line_error(serve(tmp_path, "--unload-grace-ms", "-1"), "--unload-grace-ms", "-1")
+    assert "unload_grace_ms" not in line and "9223372036854775807" not in line
+
+
+def test_set_policy_names_the_policies_as_they_are_registered() -> None:
+    result = npu("set-policy", "--help")
+    assert result.returncode == 0, result.stderr
+    registered = {r.name for r in load_plugins().registrations()}
+    named = re.findall(r"\b[a-z]+[-_][a-z]+\b", " ".join(result.stdout.split()))
+    policies = [n for n in named if n.replace("-", "_") in registered]
+    assert policies and all(n in registered for n in policies), policies

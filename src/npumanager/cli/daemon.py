@@ -53,7 +53,10 @@ def register(add: Add) -> None:
 
     policy = add("set-policy", cmd_set_policy, "swap a running daemon's model-loading policy")
     policy.add_argument(
-        "policy", metavar="POLICY", help="status-quo, turn-taking, budget, or another installed one"
+        "policy",
+        metavar="POLICY",
+        help="status_quo, turn_taking, budget, pressure, or another installed one (npu-manager "
+        "plugins lists them; a - for a _ is accepted too)",
     )
     budget_options(policy)
     verb_options(policy)

@@ -37,6 +37,7 @@ from npumanager.schemas.limits import (
     DEFAULT_MAX_SHARED_BYTES,
     DEFAULT_UNLOAD_GRACE_MS,
     INT32_MAX,
+    INT64_MAX,
 )
 
 log = logging.getLogger("npumanager.daemon")
@@ -58,6 +59,18 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a whole number; got {text!r}") from None
     if not 1 <= value <= INT32_MAX:
         raise argparse.ArgumentTypeError(f"must be 1..{INT32_MAX}; got {value}")
+    return value
+
+
+def _milliseconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of ms; got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 ms (at once) or more; got {value}")
+    if value > INT64_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {INT64_MAX} ms; got {value}")
     return value
 
 
@@ -112,7 +125,7 @@ def add_serve(add: Add) -> None:
     )
     serve.add_argument(
         "--unload-grace-ms",
-        type=int,
+        type=_milliseconds,
         default=DEFAULT_UNLOAD_GRACE_MS,
         metavar="MS",
         help=f"how long a client asked to unload may take (default {DEFAULT_UNLOAD_GRACE_MS})",

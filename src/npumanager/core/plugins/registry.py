@@ -161,6 +161,28 @@ class PluginRegistry:
                 self._broken(source, f"failed to import: {type(exc).__name__}: {exc}")
                 continue
             self.register(plugin, source)
+        self._check_named([_source_of(entry_point) for entry_point in found])
+
+    def _check_named(self, sources: list[PluginSource]) -> None:
+        """Warn (in strict mode: refuse) a name in `plugins.disable` or `plugins.load` that
+        no installed plugin has: a typo there would otherwise disable nothing, silently."""
+        known = {_normalize(s.name) for s in sources} | {
+            _normalize(s.distribution) for s in sources
+        }
+        settings = (("disable", self.settings.disable), ("load", self.settings.load or ()))
+        for key, names in settings:
+            for name in names:
+                if _normalize(name) in known:
+                    continue
+                plugins = ", ".join(sorted({s.name for s in sources})) or "none"
+                distributions = ", ".join(sorted({s.distribution for s in sources}))
+                message = (
+                    f"plugins.{key} names {name!r}, which no installed plugin has; installed: "
+                    f"{plugins} (or by distribution: {distributions or 'none'})"
+                )
+                if self.settings.strict:
+                    raise PluginError(message)
+                warnings.warn(message, PluginWarning, stacklevel=3)
 
     def register(self, plugin: object, source: PluginSource) -> bool:
         """Register one plugin object; False if it was reported and skipped whole."""

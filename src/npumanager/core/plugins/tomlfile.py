@@ -25,16 +25,26 @@ _KINDS = (
 
 
 def file_kind(path: Path) -> str | None:
-    """None for a regular file, "missing", or what it is; `ConfigError` if it cannot be seen."""
+    """None for a regular file or the null device (an empty file: `--config /dev/null`
+    gives the defaults), "missing", or what it is; `ConfigError` if it cannot be seen."""
     try:
-        mode = os.stat(path).st_mode
+        status = os.stat(path)
     except FileNotFoundError:
         return "missing"
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read: {exc.strerror}") from None
-    if stat.S_ISREG(mode):
+    mode = status.st_mode
+    if stat.S_ISREG(mode) or (stat.S_ISCHR(mode) and _is_null_device(status)):
         return None
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _is_null_device(status: os.stat_result) -> bool:
+    try:
+        null = os.stat(os.devnull)
+    except OSError:
+        return False
+    return stat.S_ISCHR(null.st_mode) and status.st_rdev == null.st_rdev
 
 
 def read_toml(path: Path) -> dict[str, Any]:
