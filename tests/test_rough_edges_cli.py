@@ -254,3 +254,34 @@ def test_set_policy_names_the_policies_as_they_are_registered() -> None:
     named = re.findall(r"\b[a-z]+[-_][a-z]+\b", " ".join(result.stdout.split()))
     policies = [n for n in named if n.replace("-", "_") in registered]
     assert policies and all(n in registered for n in policies), policies
+
+
+# Ctrl-C (item 11) -------------------------------------------------------------------------
+
+
+def importing_npu_manager(process: subprocess.Popen[str]) -> None:
+    """Wait until `process` is importing npu-manager (pydantic's core is mapped): past
+    CPython's own start (site, the wrapper's `import re`), which no console script can
+    guard, and inside the entry point's guard."""
+    deadline = time.monotonic() + WAIT_S
+    while process.poll() is None and time.monotonic() < deadline:
+        with open(f"/proc/{process.pid}/maps") as maps:
+            if "_pydantic_core" in maps.read():
+                return
+        time.sleep(0.001)
+    assert process.poll() is None, "the command ended before it imported npu-manager"
+    raise AssertionError(f"npu-manager was not imported within {WAIT_S} s")
+
+
+@pytest.mark.parametrize("delay_s", [0, 0.05, 0.2])
+def test_ctrl_c_at_any_moment_of_the_start_is_quiet(delay_s: float) -> None:
+    with started("plugins", stdout=subprocess.PIPE) as process:
+        importing_npu_manager(process)
+        if delay_s:
+            time.sleep(delay_s)  # where the signal lands; nothing is asserted about time
+        process.send_signal(signal.SIGINT)
+        err = process.communicate(timeout=WAIT_S)[1]
+    assert "Traceback" not in err, err
+    assert process.returncode in (130, 0), (process.returncode, err)
+    if process.returncode == 130:
+        assert err.splitlines() == ["npu-manager: interrupted"], err
