@@ -119,7 +119,7 @@ def overhead(samples: int, rounds: int) -> dict[str, Any]:
     floor = BareRoundTrip(summing_model())
     session = floor_session(summing_model())
     with tempfile.TemporaryDirectory() as tmp:
-        daemon = _serve(Path(tmp) / "npu.sock")
+        daemon = _serve(Path(tmp) / "npu.sock", "--no-model-hosts")
         hosting = _serve(Path(tmp) / "hosts.sock", "--model-hosts")
         try:
             # The app is in the foreground, as the platform would say, in every place.

@@ -703,6 +703,8 @@ def _mute_daemon(path: Path) -> Iterator[Path]:
                 gid=0,
                 daemon_pid=os.getpid(),
                 management=True,
+                app_id="uid:0",
+                hal_uid=0,
             )
             connection.sendall(encode(welcome))
             while connection.recv(65536):  # until the client hangs up

@@ -107,6 +107,9 @@ def test_a_model_only_the_app_can_read_is_loaded_through_its_descriptor(
         str(SOCKET_GID),
         "--driver",
         "onnxruntime",
+        # In the daemon: this machine's Python lives where only root may read, so a daemon
+        # of another uid could start no model host (test_model_hosts.py covers hosts).
+        "--no-model-hosts",
         user=(DAEMON_UID, SOCKET_GID),
     )
     child = Child(daemon.socket, FOREGROUND_UID)

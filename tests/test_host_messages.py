@@ -3,6 +3,7 @@ tensors in the message or in a memfd, and nothing a host says trusted."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Iterator
@@ -84,6 +85,50 @@ def test_a_malformed_message_is_refused_and_its_descriptors_closed(
     with pytest.raises(IllegalArgumentError, match="unreadable host message"):
         messages.receive(b)
     assert set(os.listdir("/proc/self/fd")) <= before, "what came with it is closed"
+
+
+@pytest.mark.parametrize("entries", [10, 2_000, 20_000])
+def test_a_header_of_any_size_a_run_needs_crosses_and_its_memfd_is_closed(
+    pair: tuple[socket.socket, socket.socket], entries: int
+) -> None:
+    """A run of a model with thousands of inputs names each in its header: past
+    `MAX_HEADER_BYTES` the header travels in a memfd, sent before the message's own."""
+    a, b = pair
+    header = {"op": "run", "names": [f"input_{i}" for i in range(entries)]}
+    fd = os.open(os.devnull, os.O_RDONLY)
+    before = set(os.listdir("/proc/self/fd"))
+    messages.send(a, header, [fd], b"\x07")
+    os.close(fd)
+    got = messages.receive(b)
+    assert got is not None and got.header == header and got.payload == b"\x07"
+    assert len(got.fds) == 1, "the message's own descriptor, the header's taken"
+    os.close(got.fds[0])
+    assert set(os.listdir("/proc/self/fd")) <= before
+
+
+@pytest.mark.parametrize(
+    ("declared", "size", "said"),
+    [
+        (100, 100, "a spilled header of 100 bytes"),
+        (messages.MAX_SPILLED_HEADER_BYTES + 1, 8, "a spilled header of"),
+        (20_000, 19_999, "another size than it says"),
+        ("x", 8, "a spilled header of 'x' bytes"),
+    ],
+)
+def test_a_lying_spilled_header_is_refused_and_closed(
+    pair: tuple[socket.socket, socket.socket], declared: object, size: int, said: str
+) -> None:
+    a, b = pair
+    memfd = os.memfd_create("h")
+    os.ftruncate(memfd, size)
+    head = json.dumps({"header_in_fd": declared}).encode()
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, memfd.to_bytes(4, "little"))]
+    a.sendmsg([len(head).to_bytes(4, "little") + head], rights)
+    os.close(memfd)
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(IllegalArgumentError, match=said):
+        messages.receive(b)
+    assert set(os.listdir("/proc/self/fd")) <= before
 
 
 def test_a_message_over_the_limit_is_refused(pair: tuple[socket.socket, socket.socket]) -> None:

@@ -107,6 +107,23 @@ def test_jsonl_defaults_to_the_user_log_dir(
     assert JsonlSink().path == default_path()
 
 
+def test_sinks_label_work_by_the_app_ids_the_service_names_uids_by(tmp_path: Path) -> None:
+    """As a daemon names each HAL uid by its app's id: Prometheus's `app` label and
+    Perfetto's tracks and slices carry it; a sink's own `names` still come first."""
+    path = tmp_path / "trace.json"
+    with Service("vnpu", "pressure", clock="virtual") as svc:
+        svc.name_uids({10001: "org.example.Cam"}.get)
+        metrics = svc.add_sink("prometheus", port=None)
+        svc.add_sink("perfetto", path=path)
+        busy_service(svc)
+        text = metrics.sink.exposition()
+    assert 'npu_work_events_total{app="org.example.Cam",kind="ended",reason="completed"} 4.0' in (
+        text.splitlines()
+    )
+    events = json.loads(path.read_text())["traceEvents"]
+    assert {e["name"] for e in events if e["ph"] == "X"} == {"org.example.Cam"}
+
+
 # perfetto -----------------------------------------------------------------------------------
 
 
@@ -214,8 +231,15 @@ def test_prometheus_is_served_on_the_port_given_and_carries_the_metrics() -> Non
         for line in text.splitlines()
         if line and not line.startswith("#")
     )
-    assert samples['npu_work_events_total{kind="ended",reason="completed"}'] == 4
-    assert samples['npu_work_events_total{kind="requested",reason="none"}'] == 4
+    work: dict[tuple[str, str], float] = {}
+    for key, value in samples.items():
+        if key.startswith("npu_work_events_total{"):
+            labels = dict(part.split("=", 1) for part in key[22:-1].split(","))
+            assert labels["app"].startswith('"uid:'), key  # no app names in process
+            pair = (labels["kind"].strip('"'), labels["reason"].strip('"'))
+            work[pair] = work.get(pair, 0) + value
+    assert work[("ended", "completed")] == 4
+    assert work[("requested", "none")] == 4
     assert samples['npu_work_duration_seconds_count{reason="completed"}'] == 4
     assert samples['npu_model_load_requests_total{status="requested"}'] == 1
     assert samples['npu_model_load_requests_total{status="can_load_now"}'] == 1

@@ -120,7 +120,7 @@ def test_each_driver_gets_the_sandbox_its_runtime_needs() -> None:
             "RestrictAddressFamilies=AF_UNIX",
             "CapabilityBoundingSet=",
             "SystemCallFilter=@system-service",
-            "ProtectProc=invisible",
+            "ProtectProc=default",
         } <= unit
 
 

@@ -23,7 +23,14 @@ from npumanager.schemas import ModelLoadRequest
 from npumanager.schemas.limits import PROTOCOL_VERSION
 
 WELCOME = p.Welcome(
-    version=PROTOCOL_VERSION, uid=1000, pid=42, gid=1000, daemon_pid=7, management=False
+    version=PROTOCOL_VERSION,
+    uid=1000,
+    pid=42,
+    gid=1000,
+    daemon_pid=7,
+    management=False,
+    app_id="uid:1000",
+    hal_uid=1000,
 )
 
 

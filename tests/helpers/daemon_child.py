@@ -200,6 +200,9 @@ def run(app: App, client: npu.DaemonClient, command: dict[str, Any]) -> Any:  # 
 def main() -> None:
     socket_path, uid, gid = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     groups = [int(g) for g in sys.argv[4].split(",")] if len(sys.argv) > 4 and sys.argv[4] else []
+    if len(sys.argv) > 5:  # a cgroup to join first, as root: the app this process belongs to
+        with open(os.path.join(sys.argv[5], "cgroup.procs"), "w") as procs:
+            procs.write("0")
     os.setgroups(groups)
     os.setgid(gid)
     os.setuid(uid)
@@ -209,7 +212,16 @@ def main() -> None:
         say(connect_error=type(exc).__name__, message=str(exc))
         return
     app = App(client.manager())
-    say(ready={"uid": client.uid, "pid": client.pid, "os_pid": os.getpid(), "os_uid": os.getuid()})
+    say(
+        ready={
+            "uid": client.uid,
+            "pid": client.pid,
+            "os_pid": os.getpid(),
+            "os_uid": os.getuid(),
+            "app_id": client.app_id,
+            "hal_uid": client.hal_uid,
+        }
+    )
     for line in sys.stdin:
         command = json.loads(line)
         if command["op"] == "exit":

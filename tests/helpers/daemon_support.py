@@ -121,8 +121,14 @@ class Child:
     """A client app in its own process with its own uid (see daemon_child.py)."""
 
     def __init__(
-        self, socket_path: Path, uid: int, gid: int | None = None, groups: tuple[int, ...] = ()
+        self,
+        socket_path: Path,
+        uid: int,
+        gid: int | None = None,
+        groups: tuple[int, ...] = (),
+        cgroup: Path | None = None,
     ) -> None:
+        """`cgroup`: a cgroup v2 folder the process joins before it connects (its app's)."""
         self.uid = uid
         groups = groups or (SOCKET_GID,)
         self.process = subprocess.Popen(
@@ -133,6 +139,7 @@ class Child:
                 str(uid),
                 str(uid if gid is None else gid),
                 ",".join(map(str, groups)),
+                *([str(cgroup)] if cgroup is not None else []),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

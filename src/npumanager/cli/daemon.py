@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from npumanager.cli.apps import add_apps
 from npumanager.cli.options import (
     Add,
     CommandContext,
@@ -35,6 +36,7 @@ def register(add: Add) -> None:
     """Add the daemon's subcommands to the CLI's parser."""
     add_serve(add)
     add_units(add)
+    add_apps(add)
 
     info = add("info", cmd_info, "show a running daemon's policy, priorities, requests, devices")
     info.add_argument(
@@ -62,12 +64,19 @@ def register(add: Add) -> None:
     verb_options(policy)
     json_option(policy)
 
-    importance = add("set-importance", cmd_set_importance, "set the importance of a uid")
-    importance.add_argument("uid", type=int, metavar="UID")
+    importance = add(
+        "set-importance",
+        cmd_set_importance,
+        "pin the importance of an app, or of every app of a uid, above the importance sources",
+    )
+    importance.add_argument(
+        "target", metavar="UID|APP_ID", help="a uid (a number) or an app id (camera.service)"
+    )
     importance.add_argument(
         "importance",
         metavar="IMPORTANCE",
-        help=f"{', '.join(i.name for i in Importance)}, or a number {MIN_PRIORITY}..{MAX_PRIORITY}",
+        help=f"{', '.join(i.name for i in Importance)}, a number {MIN_PRIORITY}..{MAX_PRIORITY}, "
+        "or auto (take the pin away)",
     )
     verb_options(importance)
     json_option(importance)
@@ -241,20 +250,27 @@ def cmd_set_policy(ctx: CommandContext) -> int:
 
 
 def cmd_set_importance(ctx: CommandContext) -> int:
-    """Set one uid's importance on a running daemon."""
+    """Pin (or unpin) the importance of an app or of a uid's apps on a running daemon."""
     args = ctx.args
-    uid = check_uid(args.uid)
-    importance = parse_importance(args.importance)
+    target: str = args.target
+    uid = check_uid(int(target)) if target.lstrip("-").isdigit() else None
+    if uid is None and not 0 < len(target) <= 512:
+        raise NpuManagerError(f"an app id is 1..512 characters; got {len(target)}")
+    importance = None if args.importance == "auto" else parse_importance(args.importance)
     with client(args) as daemon:
-        daemon.set_uid_importance(uid, importance)
+        if uid is not None:
+            daemon.set_uid_importance(uid, importance)
+        else:
+            daemon.set_app_importance(target, importance)
+    who = f"uid {uid}" if uid is not None else f"app {target}"
+    document: dict[str, Any] = {"uid": uid, "app_id": None if uid is not None else target}
+    if importance is None:
+        document.update(importance=None, name=None)
+        return _done(ctx, document, f"{who} is no longer pinned: its importance sources rank it")
     name = importance_name(importance)
-    return _done(
-        ctx,
-        {"uid": uid, "importance": importance, "name": name},
-        f"uid {uid} importance is now {name} ({importance})"
-        if name
-        else f"uid {uid} importance is now {importance}",
-    )
+    document.update(importance=importance, name=name)
+    shown = f"{name} ({importance})" if name else str(importance)
+    return _done(ctx, document, f"{who} importance is now {shown}")
 
 
 def cmd_set_access(ctx: CommandContext) -> int:

@@ -148,9 +148,12 @@ def add_serve(add: Add) -> None:
     )
     serve.add_argument(
         "--model-hosts",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="parse, open and run each connection's models in a host process of its own, "
-        "confined and unprivileged (a real driver only; see the integrators' guide)",
+        "confined, unprivileged and held to its grants' memory (default: on for a driver "
+        "that runs real models; --no-model-hosts runs them in the daemon; see the "
+        "model hosts page)",
     )
     limits = serve.add_argument_group("limits (management uids are exempt from the per-uid caps)")
     limits.add_argument(
@@ -300,18 +303,28 @@ def _inherited_listener(args: argparse.Namespace) -> socket.socket | None:
 
 
 def _host_settings(args: argparse.Namespace, options: dict[str, Any]) -> Any:
-    """What `--model-hosts` builds each host's driver from: the daemon's own driver."""
+    """What each model host builds its driver from (the daemon's own), or None when models
+    run in the daemon (`_check_hosts` has settled `args.model_hosts`)."""
     if not args.model_hosts:
         return None
     from npumanager.daemon.host.client import HostSettings
+    from npumanager.daemon.host.memory import MemoryCgroups
 
-    return HostSettings(args.driver, options, args.devices)
+    cgroups = MemoryCgroups.find()
+    if cgroups is None:
+        log.warning(
+            "model hosts run without a memory limit: no memory cgroup this daemon may write "
+            "(cgroup v2 with the memory controller delegated, or a v1 memory hierarchy)"
+        )
+    return HostSettings(args.driver, options, args.devices, cgroups=cgroups)
 
 
 def _check_hosts(args: argparse.Namespace, service: Any) -> None:
     from npumanager.daemon.host.client import can_host
 
-    if args.model_hosts and not can_host(service.driver):
+    if args.model_hosts is None:
+        args.model_hosts = can_host(service.driver)
+    elif args.model_hosts and not can_host(service.driver):
         raise NpuManagerError(
             f"--model-hosts needs a driver that runs real models in a runtime (onnxruntime, "
             f"openvino, or one built on RealDriver); {args.driver!r} is not one"

@@ -85,7 +85,7 @@ MEMORY_PRESSURE_CRITICAL: Final = 2
 SIMULATION_HORIZON_US: Final = 1 << 62
 """Virtual time never reaches this: the simulated drivers' "never" and their clock limit."""
 
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 """The daemon's wire protocol version; a hello with another version is refused (2: real
 models by descriptor, tensors in shared memory; 3: inference lanes)."""
 MAX_FRAME_BYTES: Final = 1 << 20

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from npumanager.core.driver.events import WorkEvent
 from npumanager.telemetry.events import (
@@ -13,8 +13,28 @@ from npumanager.telemetry.events import (
 )
 
 
+class UidNames:
+    """Names for the uids events carry: a daemon names each HAL uid by its app's id; in
+    process, or for a uid no app has, there is none (None)."""
+
+    def __init__(self) -> None:
+        self._resolve: Callable[[int], str | None] | None = None
+
+    def set(self, resolve: Callable[[int], str | None]) -> None:
+        """Name uids with `resolve` from now on."""
+        self._resolve = resolve
+
+    def __call__(self, uid: int) -> str | None:
+        resolve = self._resolve
+        return None if resolve is None else resolve(uid)
+
+
 class EventSink:
-    """``handle(batch)`` calls the method for each event's kind; override those you need."""
+    """``handle(batch)`` calls the method for each event's kind; override those you need.
+
+    A sink with a ``uid_names`` attribute is given the service's names for uids (a callable
+    from uid to a name or None) when it is added, to label its events by app.
+    """
 
     def handle(self, batch: Sequence[TelemetryEvent]) -> None:
         """Dispatch every event of the batch, in order."""

@@ -22,6 +22,7 @@ from npumanager.core.driver.debounce import Debouncer
 from npumanager.core.driver.events import WorkEvent
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas.limits import MAX_DEBOUNCE_DURATION_MS, MAX_SINK_QUEUE_EVENTS
+from npumanager.telemetry.base import UidNames
 from npumanager.telemetry.events import TelemetryEvent
 
 log = logging.getLogger(__name__)
@@ -205,6 +206,8 @@ class TelemetryHub:
         self._handles: list[SinkHandle] = []
         self._debouncing: list[SinkHandle] = []
         self._dirty = False
+        self.uid_names = UidNames()
+        """Given to each sink that has a ``uid_names`` attribute."""
 
     def __bool__(self) -> bool:
         return bool(self._handles)
@@ -231,6 +234,8 @@ class TelemetryHub:
                 f"a sink must have a handle(batch) method; got {type(sink).__name__}"
             )
         window, size = self.check_options(debounce_duration_ms, queue_size)
+        if hasattr(sink, "uid_names"):
+            sink.uid_names = self.uid_names
         taken = {handle.name for handle in self._handles}
         unique = name
         for n in itertools.count(2):

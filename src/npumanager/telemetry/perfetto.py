@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,10 @@ _END_NAMES = {member.value: member.name for member in EndReason}
 _SEVERITY_NAMES = {member.value: member.name for member in ThermalSeverity}
 
 
+def _no_name(_: int) -> str | None:
+    return None
+
+
 def _meta(name: str, pid: int, tid: int | None, value: Any) -> dict[str, Any]:
     event: dict[str, Any] = {"ph": "M", "name": name, "pid": pid, "args": {}}
     if tid is not None:
@@ -76,6 +80,8 @@ class PerfettoSink(EventSink):
         self.pid_base = check_int("pid_base", pid_base, 0, 1 << 30)
         self.names = dict(names or {})
         """A name for each uid, for slices and tracks (default: the work's feature id)."""
+        self.uid_names: Callable[[int], str | None] = _no_name
+        """The service's names for uids (a daemon's app ids), after `names`."""
         self._prefix = f"{label}: " if label else ""
         self._slices = SliceBuilder()
         self._events: list[dict[str, Any]] = []
@@ -85,6 +91,9 @@ class PerfettoSink(EventSink):
         self._closed = False
 
     # Receiving --------------------------------------------------------------------------
+
+    def _name(self, uid: int) -> str | None:
+        return self.names.get(uid) or self.uid_names(uid)
 
     def on_work(self, event: WorkEvent) -> None:
         """A slice closes at every ENDED of a started item."""
@@ -167,7 +176,7 @@ class PerfettoSink(EventSink):
         self._last_us = max(self._last_us, event.time_us)
         pid = self._models_pid()
         tid = event.uid
-        self._thread(pid, tid, self.names.get(event.uid, f"uid {event.uid}"))
+        self._thread(pid, tid, self._name(event.uid) or f"uid {event.uid}")
         args: dict[str, Any] = {"request_id": event.request_id, "client": event.client}
         if isinstance(event, ModelLoadRequested):
             name = "requested"
@@ -221,7 +230,7 @@ class PerfettoSink(EventSink):
             self._meta["thread_sort_index", pid, tid] = _meta("thread_sort_index", pid, tid, tid)
 
     def _work_name(self, start: WorkEvent) -> str:
-        name = self.names.get(start.uid) or start.debug_feature_id
+        name = self._name(start.uid) or start.debug_feature_id
         return name or f"uid {start.uid}"
 
     # Output -------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ took (`can_load_now`, `loaded`, `unload_requested`, ...); and, by device,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -46,8 +46,10 @@ class PrometheusSink(EventSink):
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.work_events = Counter(
-            "npu_work_events", "Work lifecycle events", ["kind", "reason"], registry=r
+            "npu_work_events", "Work lifecycle events", ["kind", "reason", "app"], registry=r
         )
+        self.uid_names: Callable[[int], str | None] = lambda _: None
+        """The service's names for uids: a daemon's app ids (else `uid:<uid>`)."""
         self.work_duration = Histogram(
             "npu_work_duration_seconds",
             "From a work item's request to its final end",
@@ -137,7 +139,8 @@ class PrometheusSink(EventSink):
                 if began is not None:
                     seconds = (event.time_us - began) / _US_PER_S
                     self._child(self.work_duration, reason).observe(seconds)
-        self._count(self.work_events, self._kinds[kind], reason)
+        app = self.uid_names(event.uid) or f"uid:{event.uid}"
+        self._count(self.work_events, self._kinds[kind], reason, app)
 
     def on_device_sample(self, sample: DeviceSample) -> None:
         """Only a batch's last sample of each device sets the gauges."""

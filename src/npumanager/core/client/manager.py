@@ -211,6 +211,9 @@ class NpuManager:
         self.uid = uid
         self.pid = pid
         self.uses_feature = uses_feature
+        self.app_id: str | None = None
+        """The app the daemon knows this client as (its cgroup's app id): set by
+        `~npumanager.connect`; None in process, where callers choose uids themselves."""
         self.listener = ModelLoadStatusListener(self)
 
     def __repr__(self) -> str:

@@ -16,7 +16,7 @@ thread.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -274,6 +274,11 @@ class Service:
         TelemetryHub.check_options(debounce_duration_ms, queue_size)
         name, built = self._telemetry.build_sink(self.registry, sink, options)
         return self._state.add_sink(name, built, debounce_duration_ms, queue_size)
+
+    def name_uids(self, resolve: Callable[[int], str | None]) -> None:
+        """Name the uids that telemetry carries (a daemon: each HAL uid by its app id), for
+        sinks that label by app (Prometheus's ``app`` label, Perfetto's tracks)."""
+        self._telemetry.hub.uid_names.set(resolve)
 
     def remove_sink(self, handle: SinkHandle) -> None:
         """Stop sending to a sink: what it still has coming is delivered, then it is closed."""

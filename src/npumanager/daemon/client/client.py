@@ -80,7 +80,13 @@ class DaemonClient(WireClient):
         self.gid = welcome.gid
         self.daemon_pid = welcome.daemon_pid
         self.may_manage = welcome.management
-        self._manager = NpuManager(self, 1, welcome.uid, welcome.pid, uses_feature)
+        self.app_id = welcome.app_id
+        """The app the daemon found this process in (its cgroup's), or ``uid:<uid>``."""
+        self.hal_uid = welcome.hal_uid
+        """The uid the arbiter, the policies and the driver know the app by (its work's
+        ``WorkInfo.uid``); the real uid, ``uid``, still decides permissions."""
+        self._manager = NpuManager(self, 1, welcome.hal_uid, welcome.pid, uses_feature)
+        self._manager.app_id = welcome.app_id
         self.start_reading()
 
     # Public -----------------------------------------------------------------------------
@@ -107,9 +113,21 @@ class DaemonClient(WireClient):
         )
         return str((result or {}).get("policy", name))
 
-    def set_uid_importance(self, uid: int, importance: int) -> None:
-        """Set a uid's importance (management permission)."""
-        self._call(p.SetImportance, uid=uid, importance=int(importance))
+    def set_uid_importance(self, uid: int, importance: int | None) -> None:
+        """Pin the importance of every app of a uid (management permission); None takes
+        the pin away, so the importance sources rank its apps again."""
+        self._call(
+            p.SetImportance, uid=uid, importance=None if importance is None else int(importance)
+        )
+
+    def set_app_importance(self, app_id: str, importance: int | None) -> None:
+        """Pin an app's importance by its app id, whether or not it runs yet (management
+        permission); None takes the pin away."""
+        self._call(
+            p.SetImportance,
+            app_id=app_id,
+            importance=None if importance is None else int(importance),
+        )
 
     def set_uid_access(
         self,

@@ -27,7 +27,15 @@ from typing import Any
 import numpy as np
 
 from npumanager.daemon.host import messages
+from npumanager.daemon.host.memory import (
+    HELD_FACTOR,
+    HOST_MEMORY_BASE_BYTES,
+    HostCgroup,
+    MemoryCgroups,
+    host_limit,
+)
 from npumanager.errors import (
+    CapacityError,
     ExecutionError,
     IllegalArgumentError,
     ModelHostError,
@@ -52,6 +60,8 @@ class HostSettings:
     devices: int = 1
     answer_s: float = HOST_ANSWER_S
     start_s: float = HOST_ANSWER_S
+    cgroups: MemoryCgroups | None = None
+    """Where each host's memory cgroup is made (`daemon.host.memory`); None: no limit."""
 
 
 def can_host(driver: object) -> bool:
@@ -75,6 +85,9 @@ class HostCounted:
 
     id: int
     weight_bytes: int
+    allowed: int = 0
+    """What the load's grant allows: the host's memory limit holds room for it until the
+    model is opened or discarded."""
 
 
 class ModelHost:
@@ -96,6 +109,10 @@ class ModelHost:
         self._send_lock = threading.Lock()
         self.dead: str | None = None
         self._killed = False
+        self._held = 0
+        self._loading = 0
+        self.cgroup: HostCgroup | None = None
+        self._oom_killed = False
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
         spec = {
@@ -106,13 +123,27 @@ class ModelHost:
             "gid": self.gid,
         }
         with theirs:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "npumanager.daemon.host", json.dumps(spec)],
-                stdin=theirs.fileno(),
-                stdout=subprocess.DEVNULL,
-                close_fds=True,
-            )
+            try:
+                self._process = subprocess.Popen(
+                    [sys.executable, "-m", "npumanager.daemon.host", json.dumps(spec)],
+                    stdin=theirs.fileno(),
+                    stdout=subprocess.DEVNULL,
+                    close_fds=True,
+                )
+            except OSError as exc:
+                ours.close()
+                raise ModelHostError(f"the model host could not be started: {exc}") from None
         self.pid = self._process.pid
+        if settings.cgroups is not None:
+            name = f"npu-host-{self.pid}"
+            try:
+                self.cgroup = settings.cgroups.join(name, self.pid, host_limit(0, 0))
+            except OSError as exc:
+                self.kill()
+                self._reap()
+                raise ModelHostError(
+                    f"the model host could not be given its memory limit: {exc}"
+                ) from None
         ready = self._first_message()
         self.confined = ready.get("confined", {})
         self._reader = threading.Thread(target=self._read, name=f"npu-host-{self.pid}", daemon=True)
@@ -124,10 +155,11 @@ class ModelHost:
             message = messages.receive(self._sock)
         except (OSError, IllegalArgumentError) as exc:
             self.kill()
+            self._reap()
             raise ModelHostError(f"the model host did not start: {exc}") from None
         if message is None or "ready" not in message.header:
             self.kill()
-            raise ModelHostError(f"the model host did not start ({self._exit_status()})")
+            raise ModelHostError(f"the model host did not start ({self._reap()})")
         self._sock.settimeout(None)
         return message.header
 
@@ -175,37 +207,59 @@ class ModelHost:
         except OSError:
             pass  # the host died: the reader says so
 
-    def count(self, model: Any, sidecars: Mapping[str, int]) -> HostCounted:
-        """Have the host parse the model (a `ModelFile` or bytes) and count its weights."""
+    def count(
+        self, model: Any, sidecars: Mapping[str, int], allowed: int | None = None
+    ) -> HostCounted:
+        """Have the host parse the model (a `ModelFile` or bytes) and count its weights;
+        its memory limit makes room for a model of `allowed` weight bytes meanwhile."""
         if isinstance(model, ModelFile):
             fd, owned = model.fd, False
         elif isinstance(model, bytes | bytearray | memoryview):
             fd, owned = _memfd_of(bytes(model)), True
         else:
             raise IllegalArgumentError("a model host takes a model file or its bytes")
+        room = allowed or 0
+        self._hold(loading=room)
         try:
             count_id = next(self._ids)
             header = self.ask(
                 "count", [fd, *sidecars.values()], sidecars=list(sidecars), counted=count_id
             ).header
+        except BaseException:
+            self._hold(loading=-room)
+            raise
         finally:
             if owned:
                 os.close(fd)
-        return HostCounted(count_id, _count_of(header.get("weight_bytes")))
+        return HostCounted(count_id, _count_of(header.get("weight_bytes")), room)
 
     def open(self, device: int, counted: Counted, band: int) -> HostedSession:
         """Open a counted model in the host: its session as the daemon sees it."""
         assert isinstance(counted, HostCounted)
         model_id = next(self._ids)
-        header = self.ask(
-            "open", counted=counted.id, model=model_id, device=device, band=band
-        ).header
-        inputs = _input_specs(header.get("inputs"))
-        weight = _count_of(header.get("weight_bytes"))
+        try:
+            header = self.ask(
+                "open", counted=counted.id, model=model_id, device=device, band=band
+            ).header
+            inputs = _input_specs(header.get("inputs"))
+            weight = _count_of(header.get("weight_bytes"))
+        except BaseException:
+            self._hold(loading=-counted.allowed)
+            raise
         if weight != counted.weight_bytes:
             self.tell("drop", model=model_id)
+            self._hold(loading=-counted.allowed)
             raise ModelHostError(
                 f"the model host opened {weight} weight bytes after counting {counted.weight_bytes}"
+            )
+        if not self._hold(held=weight, loading=-counted.allowed):
+            usage = self.cgroup.usage() if self.cgroup is not None else 0
+            self.ask("drop", model=model_id)
+            self._hold(held=-weight)
+            raise CapacityError(
+                f"the model's host uses {usage} bytes with the model open, more than its grants "
+                f"allow ({host_limit(self._held + weight, 0)} bytes: {HOST_MEMORY_BASE_BYTES} "
+                f"for the host and {HELD_FACTOR}x the weights); the model was closed"
             )
         return HostedSession(self, model_id, weight, inputs, str(header.get("target", "")))
 
@@ -213,6 +267,27 @@ class ModelHost:
         """Forget a counted model that will not be opened."""
         if isinstance(counted, HostCounted):
             self.tell("drop", model=counted.id)
+            self._hold(loading=-counted.allowed)
+
+    def closed(self, weight_bytes: int) -> None:
+        """A model of `weight_bytes` was closed in the host: its limit shrinks (when the
+        host has given the memory back: a host keeps a limit it is still above)."""
+        self._hold(held=-weight_bytes)
+
+    def _hold(self, held: int = 0, loading: int = 0) -> bool:
+        """Change what the host holds and is opening, and its limit to match; False when
+        the host uses more than the new limit (the limit is then left as it was)."""
+        with self._lock:
+            self._held += held
+            self._loading += loading
+            limit = host_limit(self._held, self._loading)
+        if self.cgroup is None or self.dead is not None:
+            return True
+        try:
+            return self.cgroup.set_limit(limit)
+        except OSError as exc:
+            log.warning("could not set the memory limit of model host %d: %s", self.pid, exc)
+            return False
 
     # Reading ----------------------------------------------------------------------------
 
@@ -240,7 +315,12 @@ class ModelHost:
         self._died(reason)
 
     def _died(self, reason: str) -> None:
-        status = self._exit_status()
+        status = self._reap()
+        if self._oom_killed:
+            reason = (
+                "used more memory than its grants allow "
+                f"({host_limit(self._held, self._loading) >> 20} MiB) and was killed"
+            )
         why = "was stopped" if self._killed else f"{reason} ({status})"
         with self._lock:
             self.dead = why
@@ -253,11 +333,19 @@ class ModelHost:
         with contextlib.suppress(OSError):
             self._sock.close()
 
-    def _exit_status(self) -> str:
+    def _reap(self) -> str:
+        """Wait for the host to end (after a kill, or its socket closed), remove its
+        cgroup, and say how it ended."""
         try:
             code = self._process.wait(self.settings.answer_s)
         except subprocess.TimeoutExpired:
             return "still running"
+        if self.cgroup is not None:
+            self._oom_killed = self.cgroup.oom_kills() > 0
+            try:
+                self.cgroup.remove()
+            except OSError as exc:
+                log.warning("could not remove model host %d's cgroup: %s", self.pid, exc)
         if code < 0:
             return f"killed by {signal.Signals(-code).name}"
         return f"exit status {code}"
@@ -341,6 +429,7 @@ class HostedSession:
     def close(self) -> None:
         """Close the model's session in the host."""
         self.host.tell("drop", model=self.model_id)
+        self.host.closed(self.weight_bytes)
 
 
 def _error_class(kind: Any) -> type[Exception]:

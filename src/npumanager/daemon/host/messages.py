@@ -23,6 +23,10 @@ from npumanager.daemon.wire import tensors
 from npumanager.errors import IllegalArgumentError
 
 MAX_HEADER_BYTES = 16 << 10
+"""A header of at most this many bytes travels in the message; a longer one (a run of a
+model with hundreds of inputs) in a memfd sent first, of at most `MAX_SPILLED_HEADER_BYTES`."""
+MAX_SPILLED_HEADER_BYTES = 1 << 20
+"""As large as a client's frame: no run the daemon accepts needs a longer header."""
 INLINE_BYTES = 64 << 10
 """Tensors of at most this many bytes in all travel in the message itself."""
 MAX_MESSAGE_BYTES = 4 + MAX_HEADER_BYTES + INLINE_BYTES
@@ -43,14 +47,27 @@ def send(
 ) -> None:
     """One message: its header and payload, and descriptors beside it."""
     head = json.dumps(header, separators=(",", ":")).encode()
-    if len(head) > MAX_HEADER_BYTES or len(payload) > INLINE_BYTES:
-        raise IllegalArgumentError(f"a host message of {len(head)} bytes is over the limit")
-    body = len(head).to_bytes(4, "little") + head + payload
-    if fds:
-        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
-        sock.sendmsg([body], rights)
-    else:
-        sock.sendall(body)
+    if len(head) > MAX_SPILLED_HEADER_BYTES or len(payload) > INLINE_BYTES:
+        raise IllegalArgumentError(
+            f"a host message with a header of {len(head)} bytes and {len(payload)} bytes "
+            f"inline is over the limits ({MAX_SPILLED_HEADER_BYTES} and {INLINE_BYTES})"
+        )
+    spilled = -1
+    if len(head) > MAX_HEADER_BYTES:
+        spilled = os.memfd_create("npu-header", os.MFD_CLOEXEC)
+        os.write(spilled, head)  # a memfd takes it whole
+        head = b'{"header_in_fd":%d}' % len(head)
+        fds = [spilled, *fds]
+    try:
+        body = len(head).to_bytes(4, "little") + head + payload
+        if fds:
+            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+            sock.sendmsg([body], rights)
+        else:
+            sock.sendall(body)
+    finally:
+        if spilled >= 0:
+            os.close(spilled)
 
 
 def receive(sock: socket.socket) -> Message | None:
@@ -76,11 +93,32 @@ def receive(sock: socket.socket) -> Message | None:
         header = json.loads(body[4 : 4 + size])
         if not isinstance(header, dict):
             raise IllegalArgumentError("a host message is not a JSON object")
+        if "header_in_fd" in header:
+            header = _spilled_header(header["header_in_fd"], fds)
     except (ValueError, IllegalArgumentError) as exc:
         for fd in fds:
             os.close(fd)
         raise IllegalArgumentError(f"an unreadable host message: {exc}") from None
     return Message(header, body[4 + size :], fds)
+
+
+def _spilled_header(declared: Any, fds: list[int]) -> dict[str, Any]:
+    """The header a memfd (the message's first descriptor, taken and closed) carries."""
+    if type(declared) is not int or not MAX_HEADER_BYTES < declared <= MAX_SPILLED_HEADER_BYTES:
+        raise IllegalArgumentError(f"a spilled header of {declared!r} bytes")
+    if not fds:
+        raise IllegalArgumentError("a spilled header without its descriptor")
+    fd = fds.pop(0)
+    try:
+        if os.fstat(fd).st_size != declared:
+            raise IllegalArgumentError("a spilled header of another size than it says")
+        head = os.pread(fd, declared, 0)
+    finally:
+        os.close(fd)
+    header = json.loads(head)
+    if not isinstance(header, dict):
+        raise IllegalArgumentError("a spilled header is not a JSON object")
+    return header
 
 
 def pack_tensors(arrays: Sequence[np.ndarray]) -> tuple[bytes, list[dict[str, Any]]] | None:

@@ -3,8 +3,9 @@
 `python -m npumanager.daemon.host` is started by the daemon with one end of a
 SOCK_SEQPACKET socketpair as its standard input and its settings as JSON on the command
 line. It confines itself first (`sandbox.confine`: an empty working directory, a mount
-namespace of its own, no new privileges, the unprivileged uid it was given), then builds
-the daemon's driver from the same plugin and options, and serves the daemon's requests:
+namespace of its own, no new privileges, the unprivileged uid it was given), building the
+daemon's driver from the same plugin and options just before it drops its uid (the
+runtime's files may be readable by the daemon's uid only), and serves the daemon's requests:
 `count` (parse a model from the descriptors sent and count its weights), `open`, `run` (on
 a thread of its own: inputs in a memfd, outputs written to a new memfd sent back),
 `cancel`, `band` and `drop`. It ends when the daemon's end closes.
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from npumanager.daemon.heap import give_back_memory
 from npumanager.daemon.host import messages
 from npumanager.daemon.host.sandbox import confine
 from npumanager.errors import NpuManagerError
@@ -72,8 +74,12 @@ class Host:
             header, payload, fds = message
             op = header.get("op")
             if op == "run":
-                runners = self._runners[bool(header.get("background"))]
-                runners.submit(self._run, header, payload, fds)
+                # Known before any later message is read: a cancel that follows at once finds it.
+                call = Call(bool(header.get("background")))
+                with self._lock:
+                    self._calls[header["run"]] = call
+                runners = self._runners[call.background]
+                runners.submit(self._run, header, payload, fds, call)
                 continue
             try:
                 reply = self._handle(op, header, fds)
@@ -103,6 +109,7 @@ class Host:
                 session = self._driver.open_counted(header["device"], counted, header["band"])
             finally:
                 _close(kept)
+                give_back_memory()  # the file's bytes and the parsed model, before the limit falls
             self._sessions[header["model"]] = session
             return {
                 "weight_bytes": session.weight_bytes,
@@ -120,6 +127,7 @@ class Host:
                 _close(self._counted.pop(header["model"])[1])
             if header["model"] in self._sessions:
                 self._sessions.pop(header["model"]).close()
+            give_back_memory()
             return {}
         if op == "cancel":
             with self._lock:
@@ -129,11 +137,8 @@ class Host:
             return {}
         raise NpuManagerError(f"unknown host op {op!r}")
 
-    def _run(self, header: dict[str, Any], payload: bytes, fds: list[int]) -> None:
+    def _run(self, header: dict[str, Any], payload: bytes, fds: list[int], call: Call) -> None:
         reply_id, run_id = header["id"], header["run"]
-        call = Call(bool(header.get("background")))
-        with self._lock:
-            self._calls[run_id] = call
         out_fd = -1
         try:
             arrays = messages.read_tensors(fds.pop() if fds else payload, header["inputs"])
@@ -182,11 +187,16 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     os.close(devnull)
-    confined = confine(settings["uid"], settings["gid"])
-    from npumanager.core.plugins.registry import load_plugins
+    built: list[object] = []
 
-    record = load_plugins().driver(settings["driver"])
-    driver = record.factory(settings["devices"], clock="real", **settings["options"])
+    def build_driver() -> None:
+        from npumanager.core.plugins.registry import load_plugins
+
+        record = load_plugins().driver(settings["driver"])
+        built.append(record.factory(settings["devices"], clock="real", **settings["options"]))
+
+    confined = confine(settings["uid"], settings["gid"], build_driver)
+    driver = built[0]
     if not isinstance(driver, RealDriver):
         raise SystemExit(f"driver {settings['driver']!r} cannot run models in a host")
 

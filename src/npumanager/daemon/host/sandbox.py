@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import npumanager
@@ -84,18 +85,42 @@ def _private_home(hidden: list[str], uid: int, gid: int) -> str:
     return NO_HOME
 
 
-def confine(uid: int, gid: int) -> dict[str, object]:
-    """Confine this process as the module says; what it did, for the daemon's log."""
+_CAP_SETGID, _CAP_SETUID, _CAP_SYS_ADMIN = 6, 7, 21
+
+
+def can_change_identity(status: Path = Path("/proc/self/status")) -> bool:
+    """True if this process may take a mount namespace and another uid: root with
+    CAP_SETUID, CAP_SETGID and CAP_SYS_ADMIN in effect (a root daemon a sandbox stripped
+    of capabilities may not, and its hosts take the unprivileged path)."""
+    if os.geteuid() != 0:
+        return False
+    for line in status.read_text().splitlines():
+        if line.startswith("CapEff:"):
+            effective = int(line.split()[1], 16)
+            return all(effective >> cap & 1 for cap in (_CAP_SETGID, _CAP_SETUID, _CAP_SYS_ADMIN))
+    return False
+
+
+def confine(uid: int, gid: int, prepare: Callable[[], object] = lambda: None) -> dict[str, object]:
+    """Confine this process as the module says; what it did, for the daemon's log.
+
+    `prepare` runs between the two halves: with the filesystem confined but before the uid
+    is dropped, so a runtime installed where only the daemon may read (a Python under
+    `/root`, say) still loads; nothing of a client's has been read yet.
+    """
     done: dict[str, object] = {}
     os.environ["HOME"] = NO_HOME
     empty = tempfile.mkdtemp(prefix="npu-host-")
     os.chdir(empty)
     os.rmdir(empty)
-    if os.geteuid() == 0:
+    if not can_change_identity():
+        prepare()
+    else:
         _check(_libc.unshare(_CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _check(_libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None), "make / private")
         done["hidden"] = hidden = _hide(_needed())
         os.environ["HOME"] = _private_home(hidden, uid, gid)
+        prepare()
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)

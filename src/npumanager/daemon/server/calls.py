@@ -16,8 +16,14 @@ from npumanager.core.client.manager import LoadedModel, NpuManager
 from npumanager.core.service.service import Service
 from npumanager.daemon.peer import PeerCredentials
 from npumanager.daemon.server.connection import Connection
+from npumanager.daemon.server.importance import AppImportance
 from npumanager.daemon.wire import protocol as p
-from npumanager.errors import ModelHostError, NpuPermissionError, UnknownModelError
+from npumanager.errors import (
+    IllegalArgumentError,
+    ModelHostError,
+    NpuPermissionError,
+    UnknownModelError,
+)
 from npumanager.schemas import ModelLoadRequest
 
 
@@ -36,9 +42,14 @@ class Calls:
     """The handler of every call, by message type."""
 
     def __init__(
-        self, service: Service, post: Callable[[Task], None], management_group: int | None
+        self,
+        service: Service,
+        post: Callable[[Task], None],
+        management_group: int | None,
+        importance: AppImportance,
     ) -> None:
         self.service = service
+        self.importance = importance
         self.backend = service.backend
         self._post = post
         self.management_group = management_group
@@ -153,7 +164,13 @@ class Calls:
 
     def on_set_importance(self, connection: Connection, message: p.SetImportance) -> None:
         self._check_management(connection, "set importances")
-        self.service.set_uid_importance(message.uid, message.importance)
+        if (message.uid is None) == (message.app_id is None):
+            raise IllegalArgumentError("set_importance names a uid or an app id, exactly one")
+        if message.app_id is not None:
+            self.importance.pin_app(message.app_id, message.importance)
+        else:
+            assert message.uid is not None
+            self.importance.pin_uid(message.uid, message.importance)
 
     def on_set_access(self, connection: Connection, message: p.SetAccess) -> None:
         self._check_management(connection, "set scheduling configs")

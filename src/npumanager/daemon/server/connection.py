@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from npumanager.apps.registry import App
 from npumanager.core.client.manager import LoadedModel, ModelLoadRequestCallback, NpuManager
 from npumanager.daemon.peer import PeerCredentials
 from npumanager.daemon.server.quotas import Resource, UidUsage
@@ -86,6 +87,8 @@ class Connection:
         self.write_lock = threading.Lock()
         """Held to change the outbox, to write the socket, and to mark the connection closed:
         a worker thread may send a finished inference's frame itself (`send_now`)."""
+        self.app: App | None = None
+        """The app the client's process belongs to, found at hello (`apps.registry`)."""
         self.manager: NpuManager | None = None
         """The client's manager once it said hello; the service keeps the one record of
         each of its requests and models, by its client number."""

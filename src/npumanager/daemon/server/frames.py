@@ -13,16 +13,18 @@ import logging
 import os
 from collections.abc import Callable
 
+from npumanager.apps.registry import HAL_UID_FIRST
 from npumanager.core.service.service import Service
 from npumanager.daemon.server.calls import Handler, NoReply
 from npumanager.daemon.server.connection import Connection
+from npumanager.daemon.server.importance import AppImportance
 from npumanager.daemon.server.info import InfoCache
 from npumanager.daemon.server.ratelog import RateLimitedLog
 from npumanager.daemon.server.stats import DaemonStats
 from npumanager.daemon.wire import protocol as p
 from npumanager.daemon.wire.connection import BadCall, Event
 from npumanager.errors import DaemonError, NpuManagerError
-from npumanager.schemas.limits import INT32_MAX, PROTOCOL_VERSION
+from npumanager.schemas.limits import PROTOCOL_VERSION
 
 log = logging.getLogger("npumanager.daemon.server.server")
 _INTERNAL = RateLimitedLog(log)
@@ -42,8 +44,11 @@ class FrameHandler:
         stats: DaemonStats,
         run_ready: Callable[[], None],
         said_hello: Callable[[Connection], None],
+        importance: AppImportance,
     ) -> None:
         self.service = service
+        self.importance = importance
+        self.apps = importance.apps
         self.info = info
         self.stats = stats
         self._run_ready = run_ready
@@ -91,15 +96,17 @@ class FrameHandler:
         """The wire checked the hello's place and version; the kernel's identity is
         checked here."""
         peer = connection.peer
-        if peer.uid > INT32_MAX:
+        if peer.uid >= HAL_UID_FIRST:
             raise p.ProtocolError(
-                f"uid {peer.uid} is outside the uids the scheduling HAL carries "
-                f"(0..{INT32_MAX}); this daemon cannot serve it"
+                f"uid {peer.uid} is outside the uids this daemon serves (0..{HAL_UID_FIRST - 1}: "
+                f"from {HAL_UID_FIRST} up are its apps' HAL uids)"
             )
         self._said_hello(connection)
+        connection.app = app = self.apps.identify(connection.sock, peer.uid, peer.pid)
         connection.manager = self.service.manager(
-            peer.uid, pid=peer.pid, uses_feature=hello.uses_feature
+            app.hal_uid, pid=peer.pid, uses_feature=hello.uses_feature
         )
+        self.importance.joined(app)
         connection.usage.join(peer.uid, connection.manager)
         connection.send(
             p.Welcome(
@@ -109,12 +116,14 @@ class FrameHandler:
                 gid=peer.gid,
                 daemon_pid=os.getpid(),
                 management=connection.management,
+                app_id=app.app_id,
+                hal_uid=app.hal_uid,
             )
         )
 
     def _on_info(self, connection: Connection, message: p.Info) -> bytes:
-        uid = None if connection.management else connection.peer.uid
-        return self.info.result_json(uid, message.offset, message.limit)
+        uids = None if connection.management else self.apps.uids_of(connection.peer.uid)
+        return self.info.result_json(uids, message.offset, message.limit)
 
 
 def call_error(seq: int, exc: Exception, stats: DaemonStats, op: str, uid: int) -> p.Error:

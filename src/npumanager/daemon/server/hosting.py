@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 from npumanager.core.client.dispatch import Task
 from npumanager.core.service.service import Service
@@ -49,6 +50,16 @@ class Hosting:
             connection.host = started
             self.started += 1
         return started
+
+    def describe(self) -> dict[str, Any]:
+        """For `info`: the hosts' driver, how many started and died, their memory limit."""
+        cgroups = self.settings.cgroups
+        return {
+            "driver": self.settings.driver,
+            "started": self.started,
+            "died": self.died,
+            "memory_limit": None if cgroups is None else cgroups.kind,
+        }
 
     def _died(self, ref: weakref.ref[Connection], host: ModelHost, why: str) -> None:
         """On the loop: a host died by itself; its models go, and are remembered as lost."""

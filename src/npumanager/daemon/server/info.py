@@ -30,44 +30,49 @@ class InfoCache:
         self._ttl_s = ttl_s
         self._taken_at = -float("inf")
         self._document: dict[str, Any] = {}
-        self._views: dict[tuple[int | None, int, int], bytes] = {}
+        self._views: dict[tuple[frozenset[int] | None, int, int], bytes] = {}
         self.renewals = 0
 
     def changed(self) -> None:
         """State changed: the next `info` takes a new snapshot."""
         self._taken_at = -float("inf")
 
-    def result_json(self, uid: int | None, offset: int, limit: int) -> bytes:
-        """The encoded result for a viewer (`uid`, or None for management) and a page."""
+    def result_json(self, uids: frozenset[int] | None, offset: int, limit: int) -> bytes:
+        """The encoded result for a viewer (the uids it may see: its real uid and its apps'
+        HAL uids; None for management) and a page."""
         now = time.monotonic()
         if now - self._taken_at > self._ttl_s:
             self._document = self._snapshot()
             self._taken_at = now
             self._views.clear()
             self.renewals += 1
-        key = (uid, offset, limit)
+        key = (uids, offset, limit)
         cached = self._views.get(key)
         if cached is None:
             if len(self._views) >= _VIEW_CACHE_ENTRIES:
                 self._views.clear()
-            cached = self._views[key] = encode_view(self._document, uid, offset, limit)
+            cached = self._views[key] = encode_view(self._document, uids, offset, limit)
         return cached
 
 
-def encode_view(document: dict[str, Any], uid: int | None, offset: int, limit: int) -> bytes:
+def encode_view(
+    document: dict[str, Any], uids: frozenset[int] | None, offset: int, limit: int
+) -> bytes:
     """`view` as JSON, with the page shrunk until the reply fits one frame."""
     while True:
-        body = json.dumps(view(document, uid, offset, limit), separators=(",", ":")).encode()
+        body = json.dumps(view(document, uids, offset, limit), separators=(",", ":")).encode()
         if len(body) < MAX_FRAME_BYTES - 256 or limit == 0:
             return body
         limit //= 2
 
 
-def view(document: dict[str, Any], uid: int | None, offset: int, limit: int) -> dict[str, Any]:
+def view(
+    document: dict[str, Any], uids: frozenset[int] | None, offset: int, limit: int
+) -> dict[str, Any]:
     """What a viewer sees of a full document: its lists paged, others' entries hidden."""
 
     def mine(entry: dict[str, Any]) -> bool:
-        return uid is None or entry.get("uid") == uid
+        return uids is None or entry.get("uid") in uids
 
     def page(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [e for e in entries if mine(e)][offset : offset + limit]
@@ -79,6 +84,7 @@ def view(document: dict[str, Any], uid: int | None, offset: int, limit: int) -> 
     shown["priorities"] = page(document["priorities"])
     shown["priorities_total"] = len(document["priorities"])
     shown["clients"] = page(document["clients"])
+    shown["apps"] = page(document.get("apps", []))
     shown["clients_total"] = len(document["clients"])
-    shown["page"] = {"offset": offset, "limit": limit, "scope": "all" if uid is None else "own"}
+    shown["page"] = {"offset": offset, "limit": limit, "scope": "all" if uids is None else "own"}
     return shown

@@ -28,11 +28,14 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from npumanager.apps.registry import AppRegistry
 from npumanager.core.client.dispatch import Task
 from npumanager.core.service.service import Service
+from npumanager.daemon.heap import give_back_memory
 from npumanager.daemon.host.client import HostSettings
 from npumanager.daemon.peer import peer_credentials
 from npumanager.daemon.server.admission import Admission
@@ -41,10 +44,10 @@ from npumanager.daemon.server.calls import Calls
 from npumanager.daemon.server.connection import Connection
 from npumanager.daemon.server.frames import FrameHandler
 from npumanager.daemon.server.hosting import Hosting
+from npumanager.daemon.server.importance import AppImportance
 from npumanager.daemon.server.inference import InferenceCalls
 from npumanager.daemon.server.info import InfoCache
 from npumanager.daemon.server.leadership import Leadership
-from npumanager.daemon.server.memory import give_back_memory
 from npumanager.daemon.server.quotas import DaemonLimits, UidUsage
 from npumanager.daemon.server.ratelog import RateLimitedLog
 from npumanager.daemon.server.stats import DaemonStats
@@ -89,6 +92,7 @@ class Daemon:
         listener: socket.socket | None = None,
         notifier: Notifier | None = None,
         hosts: HostSettings | None = None,
+        importance_sources: Sequence[str] = (),
     ) -> None:
         self.service = service
         self.socket_path = Path(socket_path)
@@ -117,7 +121,13 @@ class Daemon:
         self._next_idle_scan = 0.0
         self._trim_at: float | None = None
         self._log = RateLimitedLog(log)
-        self.calls = Calls(service, self.post, management_group)
+        self.apps = AppRegistry()
+        service.name_uids(self.apps.app_id_of)
+        self.importance = AppImportance(
+            self.apps, service.set_uid_importance, sources=importance_sources
+        )
+        """Each app's importance: pins, then the sources named here, in order."""
+        self.calls = Calls(service, self.post, management_group, self.importance)
         self.inference = inference = InferenceCalls(
             service,
             self.calls,
@@ -133,7 +143,9 @@ class Daemon:
         self.admission = Admission(self.usage, self.stats, self._log)
         forget = self._forget_deadline
         handlers = {**self.calls.handlers, **inference.handlers}
-        frames = FrameHandler(service, handlers, self._info, self.stats, self._run_ready, forget)
+        frames = FrameHandler(
+            service, handlers, self._info, self.stats, self._run_ready, forget, self.importance
+        )
         self.transport = Transport(
             self._selector,
             frames,
@@ -251,6 +263,8 @@ class Daemon:
         memory of the models it held handed back to the system soon after."""
         self._forget_deadline(connection)
         self.inference.forget(connection)
+        if connection.app is not None:
+            self.apps.left(connection.app, connection.peer.pid)
         manager = connection.manager
         if manager is not None and self.service.backend.holdings(manager)[1]:
             self.transport.freed += _TRIM_AFTER_BYTES
@@ -364,6 +378,7 @@ class Daemon:
     def describe(self) -> dict[str, Any]:
         """The service's snapshot with the daemon's own: socket, counters, limits, clients."""
         document = self.service.snapshot()
+        hosting = self.inference.hosting
         document["daemon"] = {
             "pid": os.getpid(),
             "socket": str(self.socket_path),
@@ -375,13 +390,16 @@ class Daemon:
             "suppressed_log_lines": self._log.suppressed,
             "info_snapshots": self._info.renewals,
             "model_loads": self.inference.load_counts(),
-            "model_hosts": self._hosts_described(),
+            "model_hosts": None if hosting is None else hosting.describe(),
             **self.stats.as_dict(),
         }
+        document["apps"] = [self.importance.describe(app) for app in self.apps.apps() if app.pids]
         document["clients"] = [
             {
                 "client": c.manager.client,
                 "uid": c.peer.uid,
+                "app_id": c.app.app_id if c.app is not None else None,
+                "hal_uid": c.manager.uid,
                 "pid": c.peer.pid,
                 "requests": self.service.backend.holdings(c.manager)[0],
                 "models": self.service.backend.holdings(c.manager)[1],
@@ -394,12 +412,6 @@ class Daemon:
             if c.manager is not None
         ]
         return document
-
-    def _hosts_described(self) -> dict[str, Any] | None:
-        hosting = self.inference.hosting
-        if hosting is None:
-            return None
-        return {"driver": hosting.settings.driver, "started": hosting.started, "died": hosting.died}
 
     # Shutdown ---------------------------------------------------------------------------
 

@@ -193,11 +193,13 @@ class SetPolicy(Call):
 
 
 class SetImportance(Call):
-    """Set a uid's importance (management permission)."""
+    """Pin the importance of every app of a real uid, or of an app id (management
+    permission); `importance` None takes the pin away (protocol 4)."""
 
     op: Literal["set_importance"] = "set_importance"
-    uid: Uid
-    importance: Priority
+    uid: Uid | None = None
+    app_id: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+    importance: Priority | None
 
 
 class SetAccess(Call):
@@ -258,6 +260,10 @@ class Welcome(WireModel):
     gid: Annotated[int, Field(ge=0, le=UID_MAX)]
     daemon_pid: NonNegativeInt32
     management: bool
+    app_id: Annotated[str, Field(min_length=1, max_length=512)]
+    """The app the daemon found the client's process in (protocol 4)."""
+    hal_uid: Uid
+    """The uid the arbiter and the driver know the app by (protocol 4)."""
 
 
 class Reply(WireModel):

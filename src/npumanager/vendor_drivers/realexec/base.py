@@ -195,7 +195,7 @@ class RealDriver(Submission):
                 session = self._open(d, counted, band)
         elif isinstance(model, InHost):
             host = model.host
-            counted = host.count(model.source, sidecars or {})
+            counted = host.count(model.source, sidecars or {}, max_weight_bytes)
             try:
                 self._check_counted(d, counted, weight_bytes, max_weight_bytes)
             except BaseException:

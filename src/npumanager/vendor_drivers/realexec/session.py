@@ -109,8 +109,9 @@ class SessionHost(Protocol):
     """Where a driver counts and opens a model instead of in its own process (a daemon's
     model host, `npumanager.daemon.host`)."""
 
-    def count(self, model: Any, sidecars: Mapping[str, int]) -> Counted:
-        """Parse the model there and count its weights."""
+    def count(self, model: Any, sidecars: Mapping[str, int], allowed: int | None = None) -> Counted:
+        """Parse the model there and count its weights (`allowed`: the most its grant
+        allows, for the room the host is given meanwhile)."""
 
     def open(self, device: int, counted: Counted, band: int) -> Session:
         """Open a model counted there: a session whose runs happen there."""

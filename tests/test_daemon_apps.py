@@ -1,0 +1,271 @@
+"""Apps, not uids: the daemon finds each client's app in its process's cgroup at hello and
+gives each app a HAL uid of its own, so two apps of one person are two apps to the arbiter
+and the device scheduler.
+
+Real cgroup v2 folders (made as root under this process's own cgroup), real client
+processes of one uid moved into them before they connect, a real `npu-manager serve`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers.cgroup_tree import CgroupTree, cgroup_tree
+from helpers.daemon_support import FOREGROUND_UID, Child, DaemonProcess
+from npumanager.apps.identity import AppIdentity
+from npumanager.apps.registry import (
+    HAL_UID_FIRST,
+    MAX_APPS_PER_UID,
+    AppRegistry,
+    fallback_id,
+)
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="giving client processes their own uids needs root"
+)
+
+VIDEO = "user@20001.service/app.slice/app-gnome-org.example.Video-1234.scope"
+INDEXER = "user@20001.service/background.slice/app-gnome-org.example.Indexer@77.service"
+
+
+@pytest.fixture
+def cgroups() -> Iterator[CgroupTree]:
+    yield from cgroup_tree()
+
+
+def client_in(daemon: DaemonProcess, tree: CgroupTree | None, rel: str | None) -> Child:
+    where = None if tree is None or rel is None else tree.root / rel
+    if where is not None:
+        where.mkdir(parents=True, exist_ok=True)
+    child = Child(daemon.socket, FOREGROUND_UID, cgroup=where)
+    daemon.children.append(child)  # type: ignore[attr-defined]
+    assert "ready" in child.hello, child.hello
+    return child
+
+
+def test_two_apps_of_one_uid_are_two_apps_with_hal_uids_of_their_own(
+    start_onnxruntime: Callable[..., DaemonProcess], cgroups: CgroupTree
+) -> None:
+    served = start_onnxruntime()
+    video = client_in(served, cgroups, VIDEO).hello["ready"]
+    video_again = client_in(served, cgroups, VIDEO).hello["ready"]
+    indexer = client_in(served, cgroups, INDEXER).hello["ready"]
+    shell = client_in(served, None, None).hello["ready"]
+
+    assert video["app_id"] == "org.example.Video" == video_again["app_id"]
+    assert indexer["app_id"] == "org.example.Indexer"
+    assert video["hal_uid"] == video_again["hal_uid"], "two processes of one app are one app"
+    assert HAL_UID_FIRST <= video["hal_uid"] != indexer["hal_uid"] >= HAL_UID_FIRST
+    assert video["uid"] == indexer["uid"] == shell["uid"] == FOREGROUND_UID
+    assert shell["app_id"] == fallback_id(FOREGROUND_UID)
+    assert shell["hal_uid"] == FOREGROUND_UID, "a process in no app's cgroup: its uid, as before"
+
+    from helpers.real_daemon import info
+
+    clients = {
+        (c["app_id"], c["hal_uid"]) for c in info(served)["clients"] if c["uid"] == FOREGROUND_UID
+    }
+    assert clients == {
+        ("org.example.Video", video["hal_uid"]),
+        ("org.example.Indexer", indexer["hal_uid"]),
+        (fallback_id(FOREGROUND_UID), FOREGROUND_UID),
+    }
+
+
+def test_an_apps_requests_reach_the_arbiter_under_its_hal_uid(
+    start_onnxruntime: Callable[..., DaemonProcess], cgroups: CgroupTree
+) -> None:
+    served = start_onnxruntime()
+    video = client_in(served, cgroups, VIDEO)
+    video.ok("request", id=1, size=0)
+    decision = video.event("decision", 1)
+    assert decision["status"] is not None
+    from helpers.real_daemon import info
+
+    seen = info(served)  # as management: everything
+    requests = [r for entries in seen["requests"].values() for r in entries]
+    assert [r["uid"] for r in requests] == [video.hello["ready"]["hal_uid"]]
+    own = video.ok("info")  # as the app's own uid: its apps' requests, under their HAL uids
+    assert [r["uid"] for entries in own["requests"].values() for r in entries] == [
+        video.hello["ready"]["hal_uid"]
+    ]
+
+
+def test_a_hal_uid_is_stable_for_its_app_while_the_daemon_runs() -> None:
+    registry = AppRegistry()
+    cam = AppIdentity("org.example.Cam", "desktop-app", "app.slice", "/app-x-Cam-1.scope")
+    first = registry.app_for(1000, cam)
+    other = registry.app_for(1000, AppIdentity("org.example.Mail", "flatpak", None, "/b"))
+    again = registry.app_for(1000, cam)
+    of_another_person = registry.app_for(1001, cam)
+    assert first is again and first.hal_uid == HAL_UID_FIRST
+    assert other.hal_uid == HAL_UID_FIRST + 1
+    assert of_another_person.hal_uid == HAL_UID_FIRST + 2, "one app id, two people: two apps"
+    assert registry.app_for(1000, None).hal_uid == 1000
+
+
+def test_a_uid_that_names_too_many_apps_gets_its_fallback_beyond_the_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    registry = AppRegistry()
+    for index in range(MAX_APPS_PER_UID):
+        app = registry.app_for(1000, AppIdentity(f"a{index}", "desktop-app", None, f"/{index}"))
+        assert app.hal_uid >= HAL_UID_FIRST
+    beyond = registry.app_for(1000, AppIdentity("one.more", "desktop-app", None, "/x"))
+    registry.app_for(1000, AppIdentity("and.another", "desktop-app", None, "/y"))
+    assert beyond.app_id == fallback_id(1000) and beyond.hal_uid == 1000
+    assert [r.message for r in caplog.records].count(
+        f"uid 1000 has more than {MAX_APPS_PER_UID} apps; app 'one.more' and later ones count "
+        "as uid:1000"
+    ) == 1
+    assert registry.app_for(1001, AppIdentity("a0", "desktop-app", None, "/0")).hal_uid > 1000
+
+
+def test_a_peer_whose_cgroup_cannot_be_read_is_its_uids_app_said_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As under `hidepid`: /proc shows the daemon nothing of the peer (an empty fake /proc)."""
+    registry = AppRegistry(proc=tmp_path)
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        first = registry.identify(ours, os.getuid(), os.getpid())
+        second = registry.identify(ours, os.getuid(), os.getpid())
+    assert first is second and first.app_id == fallback_id(os.getuid())
+    assert first.pids[os.getpid()] == 2
+    registry.left(first, os.getpid())
+    registry.left(first, os.getpid())
+    assert first.pids == {}
+    assert sum("could not be read" in r.message for r in caplog.records) == 1
+
+
+def test_a_uid_in_the_hal_range_is_refused_at_hello(
+    start_onnxruntime: Callable[..., DaemonProcess],
+) -> None:
+    served = start_onnxruntime()
+    child = Child(served.socket, HAL_UID_FIRST)
+    served.children.append(child)  # type: ignore[attr-defined]
+    assert "connect_error" in child.hello, child.hello
+    assert f"from {HAL_UID_FIRST} up are its apps' HAL uids" in child.hello["message"]
+
+
+# Importance: pins above sources, per app ------------------------------------------------
+
+
+def importance_of(seen: dict[str, object], hal_uid: int) -> str | None:
+    rows = [p for p in seen["priorities"] if p["uid"] == hal_uid]  # type: ignore[attr-defined]
+    return rows[0]["importance"] if rows else None
+
+
+def test_an_app_id_pinned_before_the_app_exists_ranks_it_when_it_comes(
+    start_onnxruntime: Callable[..., DaemonProcess], cgroups: CgroupTree
+) -> None:
+    from helpers.real_daemon import info
+
+    served = start_onnxruntime()
+    import npumanager as npu
+
+    with npu.DaemonClient(served.socket) as admin:
+        admin.set_app_importance("org.example.Video", npu.IMPORTANCE_FOREGROUND)
+        video = client_in(served, cgroups, VIDEO).hello["ready"]
+        indexer = client_in(served, cgroups, INDEXER).hello["ready"]
+        seen = info(served)
+        assert importance_of(seen, video["hal_uid"]) == "FOREGROUND"
+        assert importance_of(seen, indexer["hal_uid"]) is None, "nothing ranks it"
+
+        admin.set_uid_importance(FOREGROUND_UID, npu.IMPORTANCE_CACHED)
+        seen = info(served)
+        assert importance_of(seen, video["hal_uid"]) == "FOREGROUND", "the app's pin wins"
+        assert importance_of(seen, indexer["hal_uid"]) == "CACHED", "every app of the uid"
+
+        admin.set_app_importance("org.example.Video", None)
+        assert importance_of(info(served), video["hal_uid"]) == "CACHED"
+
+
+def test_set_importance_by_app_id_at_the_command_line(
+    start_onnxruntime: Callable[..., DaemonProcess],
+) -> None:
+    import subprocess
+    import sys
+
+    served = start_onnxruntime()
+    command = [str(Path(sys.executable).with_name("npu-manager")), "set-importance"]
+    done = subprocess.run(
+        [*command, "camera.service", "FOREGROUND", "--socket", str(served.socket)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "app camera.service importance is now FOREGROUND (100)\n"
+    done = subprocess.run(
+        [*command, "camera.service", "auto", "--socket", str(served.socket), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert json_of(done.stdout) == {
+        "uid": None,
+        "app_id": "camera.service",
+        "importance": None,
+        "name": None,
+    }
+
+
+def json_of(text: str) -> object:
+    import json
+
+    return json.loads(text)
+
+
+def test_apps_lists_each_app_with_its_importance_and_its_source(
+    start_onnxruntime: Callable[..., DaemonProcess], cgroups: CgroupTree
+) -> None:
+    import subprocess
+    import sys
+
+    import npumanager as npu
+    from helpers.daemon_support import BACKGROUND_UID
+
+    served = start_onnxruntime()
+    video = client_in(served, cgroups, VIDEO)
+    client_in(served, cgroups, INDEXER)
+    other = Child(served.socket, BACKGROUND_UID)
+    served.children.append(other)  # type: ignore[attr-defined]
+    with npu.DaemonClient(served.socket) as admin:
+        admin.set_app_importance("org.example.Video", npu.IMPORTANCE_FOREGROUND)
+    command = [str(Path(sys.executable).with_name("npu-manager")), "apps"]
+    done = subprocess.run(
+        [*command, "--json", "--socket", str(served.socket)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    apps = {a["app_id"]: a for a in json_of(done.stdout)}  # type: ignore[attr-defined]
+    seen = apps["org.example.Video"]
+    assert seen["uid"] == FOREGROUND_UID
+    assert seen["hal_uid"] == video.hello["ready"]["hal_uid"]
+    assert (seen["importance"], seen["importance_source"]) == ("FOREGROUND", "pinned app")
+    assert seen["pids"] == [video.hello["ready"]["os_pid"]]
+    assert seen["cgroup"].endswith("/app-gnome-org.example.Video-1234.scope")
+    assert seen["slice"] == "app.slice"
+    indexer = apps["org.example.Indexer"]
+    assert (indexer["importance"], indexer["importance_source"]) == (None, "none")
+    assert indexer["slice"] == "background.slice"
+    assert apps[f"uid:{BACKGROUND_UID}"]["hal_uid"] == BACKGROUND_UID
+
+    own = {a["app_id"] for a in video.ok("info")["apps"]}
+    assert own == {"org.example.Video", "org.example.Indexer"}, "its own uid's apps only"
+
+    text = subprocess.run(
+        [*command, "--socket", str(served.socket)], capture_output=True, text=True, check=False
+    )
+    assert text.returncode == 0, text.stderr
+    header, *rows = text.stdout.splitlines()
+    assert header.split()[:4] == ["APP", "ID", "UID", "HAL"]
+    assert any(r.split()[0] == "org.example.Video" and "pinned" in r for r in rows)
