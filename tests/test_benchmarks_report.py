@@ -23,6 +23,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = [
     "admission",
+    "channel_hog",
     "daemon_attacks",
     "fairness",
     "hops",
@@ -121,7 +122,7 @@ def quick(script: str, *extra: str) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, str(BENCHMARKS / f"{script}.py"), "--quick", *extra]
     if script in QUICK_ARGS:
         argv += QUICK_ARGS[script]
-    if script == "daemon_attacks" and os.geteuid() != 0:
+    if script in ("daemon_attacks", "channel_hog") and os.geteuid() != 0:
         pytest.skip("the attackers' own uids need root")
     result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
     assert result.returncode == 0, result.stderr
