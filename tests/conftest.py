@@ -110,6 +110,64 @@ PLUGIN_SOURCES: dict[str, tuple[str, str, str]] = {
             ]
         """,
     ),
+    "kiosk": (
+        "npu-kiosk-plugin",
+        "kiosknpu",
+        """
+        from pydantic import BaseModel, ConfigDict
+
+        from npumanager import Importance, ImportanceSourceRecord, hookimpl
+        from npumanager.core.plugins.importance import ImportanceName
+
+        class Kiosk:
+            # Every app in front, but those named in `background`; a change is told.
+
+            def __init__(self, background=""):
+                self.background = set(filter(None, str(background).split("/")))
+                self.changed = None
+
+            def start(self, changed):
+                self.changed = changed
+
+            def importance(self, app):
+                if app.app_id in self.background:
+                    return Importance.CACHED
+                return Importance.FOREGROUND
+
+            def send_to_back(self, app_id):
+                self.background.add(app_id)
+                self.changed(app_id, Importance.CACHED)
+
+            def close(self):
+                self.changed = None
+
+        class LampOptions(BaseModel):
+            model_config = ConfigDict(extra="forbid")
+            level: ImportanceName = Importance.VISIBLE
+
+        class Lamp:
+            def __init__(self, options):
+                self.level = options.level
+
+            def start(self, changed):
+                pass
+
+            def importance(self, app):
+                return self.level
+
+            def close(self):
+                pass
+
+        @hookimpl
+        def npumanager_register_importance_sources():
+            return [
+                ImportanceSourceRecord(name="kiosk", factory=Kiosk, description="a kiosk"),
+                {"name": "lamp", "factory": Lamp, "options_model": LampOptions},
+                {"name": "Not A Name", "factory": Kiosk},
+                ImportanceSourceRecord(name="desktop", factory=Kiosk),
+            ]
+        """,
+    ),
     "wrapping": (
         "npu-wrapping-plugin",
         "wrapping",

@@ -54,6 +54,7 @@ def test_file_values_and_env_overrides_with_sources(tmp_path: Path) -> None:
         "plugins.strict": "default",
         "plugins.disable": f"file {path}",
         "plugins.load": "env NPUMANAGER_LOAD_PLUGINS",
+        "importance.rules": "default",
     }
 
 

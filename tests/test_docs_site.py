@@ -6,7 +6,7 @@ the line before it says otherwise:
 - ``python``: executed in a subprocess in a fresh folder (its exit code must be 0);
 - ``sh``: run by bash in a fresh folder, with this environment's `npu-manager` on PATH;
 - ``toml``: parsed; a scenario (``[[apps]]``) is validated and played with ``npu-manager
-  simulate``, a configuration file (``[plugins]``) validated as one;
+  simulate``, a configuration file (``[plugins]``, ``[importance]``) validated as one;
 - ``<!-- continues the block above -->``: a python block run after the page's previous
   python block, in the same program;
 - ``<!-- beside a daemon: SERVE ARGS -->``: run while ``npu-manager serve`` runs on a socket
@@ -276,7 +276,7 @@ def test_the_toml_block_is_valid(block: Block, tmp_path: Path) -> None:
         command = [sys.executable, "-m", "npumanager", "simulate", str(path), "--json"]
         played = subprocess.run(command, capture_output=True, text=True, check=False)
         assert played.returncode == 0, f"{block.where} does not play:\n{played.stderr}"
-    if "plugins" in document:
+    if "plugins" in document or "importance" in document:
         from npumanager.core.plugins.config import load_config
 
         path = tmp_path / "config.toml"

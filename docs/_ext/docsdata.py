@@ -102,6 +102,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "PolicyRecord",
         "SinkRecord",
         "HealthSourceRecord",
+        "ImportanceSourceRecord",
     ),
     "telemetry": (
         "EventSink",

@@ -30,6 +30,7 @@ from .npu_uuid import NpuUuid
 from .plugins import (
     DriverRecord,
     HealthSourceRecord,
+    ImportanceSourceRecord,
     PluginRecord,
     PolicyRecord,
     SinkRecord,
@@ -56,6 +57,7 @@ __all__ = [  # noqa: PLE0604
     "EndReason",
     "HealthSample",
     "HealthSourceRecord",
+    "ImportanceSourceRecord",
     "Importance",
     "ModelLoadRequest",
     "ModelLoadRequestStatus",

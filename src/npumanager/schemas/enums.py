@@ -107,6 +107,7 @@ class PluginKind(StrEnum):
     POLICY = "policy"
     SINK = "sink"
     HEALTH_SOURCE = "health_source"
+    IMPORTANCE_SOURCE = "importance_source"
 
 
 class PluginStatus(StrEnum):

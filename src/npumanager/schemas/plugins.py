@@ -61,9 +61,23 @@ class HealthSourceRecord(PluginRecord):
     kind: ClassVar[PluginKind] = PluginKind.HEALTH_SOURCE
 
 
+class ImportanceSourceRecord(PluginRecord):
+    """An importance source: its factory returns an object that ranks apps (see hookspecs).
+
+    With `options_model`, a source's options are validated against it first (an unknown or
+    bad one is refused, naming the allowed ones) and the factory is called with the validated
+    model; without it, the factory is called with the options as keyword arguments.
+    """
+
+    kind: ClassVar[PluginKind] = PluginKind.IMPORTANCE_SOURCE
+    options_model: type[BaseModel] | None = None
+    """The pydantic model of the source's options, if it declares them."""
+
+
 RECORD_TYPES: dict[PluginKind, type[PluginRecord]] = {
     PluginKind.DRIVER: DriverRecord,
     PluginKind.POLICY: PolicyRecord,
     PluginKind.SINK: SinkRecord,
     PluginKind.HEALTH_SOURCE: HealthSourceRecord,
+    PluginKind.IMPORTANCE_SOURCE: ImportanceSourceRecord,
 }

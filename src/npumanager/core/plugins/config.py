@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from npumanager.core.plugins.tomlfile import file_kind, read_toml
 from npumanager.errors import ConfigError
+from npumanager.schemas import Importance
 from npumanager.userdirs import user_dir
 
 APP_NAME = "npu-manager"
@@ -40,10 +41,30 @@ class PluginsConfig(_Section):
     """If set, the only third-party plugins loaded; the built-ins always load."""
 
 
+class ImportanceConfig(_Section):
+    """What the importance sources read from the file."""
+
+    rules: dict[str, str] = {}
+    """The `rules` source's table, ``[importance.rules]``: app-id globs to importance names
+    (``"camera.service" = "FOREGROUND"``), in the file's order; the first match wins."""
+
+    @field_validator("rules")
+    @classmethod
+    def _names(cls, rules: dict[str, str]) -> dict[str, str]:
+        allowed = list(Importance.__members__)
+        for glob, name in rules.items():
+            if name.upper() not in allowed:
+                raise ValueError(
+                    f"{glob!r} = {name!r} is not an importance; allowed: {', '.join(allowed)}"
+                )
+        return rules
+
+
 class Config(_Section):
     """The whole configuration file."""
 
     plugins: PluginsConfig = PluginsConfig()
+    importance: ImportanceConfig = ImportanceConfig()
 
 
 ENV_OVERRIDES: dict[str, tuple[str, str]] = {

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING
 
 import pluggy
 
-from npumanager.schemas import DriverRecord, HealthSourceRecord, PolicyRecord, SinkRecord
+from npumanager.schemas import (
+    DriverRecord,
+    HealthSourceRecord,
+    ImportanceSourceRecord,
+    PolicyRecord,
+    SinkRecord,
+)
 
 if TYPE_CHECKING:
     from npumanager.core.plugins.config import Config
@@ -108,6 +114,34 @@ def npumanager_register_health_sources() -> (
 
     The service combines every source with the driver's own readings, the most severe
     winning, and tells the arbiter when a device's severity or the memory level changes.
+    """
+
+
+@hookspec(firstresult=False, historic=False)
+def npumanager_register_importance_sources(
+    config: Config,
+) -> Iterable[ImportanceSourceRecord] | ImportanceSourceRecord | None:
+    """Return the importance sources this plugin provides: what ranks apps (on Linux, an app is
+    its cgroup; see ``npumanager.apps.identity``) as the platform's activity manager ranks them.
+
+    ``config`` is the effective configuration (an implementation may leave the argument
+    out), so that a source can take defaults from the file: the built-in ``rules`` reads
+    ``[importance.rules]``. An `~npumanager.ImportanceSourceRecord`'s factory is called with
+    the source's options (``NAME:KEY=VALUE,...`` at the command line), validated against its
+    ``options_model`` when it has one, and returns the source, or raises
+    `~npumanager.IllegalArgumentError` naming the options it allows. The source
+    (`~npumanager.core.plugins.importance.ImportanceSource`) has:
+
+    - ``importance(app)``: its opinion of an app (an object with ``app_id``, ``cgroup`` and
+      ``slice``, as `~npumanager.apps.identity.AppIdentity`), an `~npumanager.Importance`, or
+      None for none. Cheap and thread-safe: it is asked when an app appears.
+    - ``start(changed)``: begin; from then on, whenever its opinion of an app id changes on
+      its own (focus moved, time passed), it calls ``changed(app_id, importance_or_None)``
+      from a thread of its own (or, for what it knows at once, from ``start`` itself).
+    - ``close()``: stop, and call ``changed`` no more.
+
+    Sources are combined in the order they were given, the first with an opinion winning,
+    below an administrator's pins (`~npumanager.core.plugins.importance_combine.combine`).
     """
 
 

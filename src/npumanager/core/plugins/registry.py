@@ -26,6 +26,7 @@ from npumanager.errors import PluginError, PluginWarning, UnknownPluginError
 from npumanager.schemas import (
     DriverRecord,
     HealthSourceRecord,
+    ImportanceSourceRecord,
     PluginKind,
     PluginRecord,
     PolicyRecord,
@@ -44,7 +45,10 @@ _REGISTRATION_HOOKS: dict[PluginKind, str] = {
     PluginKind.POLICY: "npumanager_register_policies",
     PluginKind.SINK: "npumanager_register_sinks",
     PluginKind.HEALTH_SOURCE: "npumanager_register_health_sources",
+    PluginKind.IMPORTANCE_SOURCE: "npumanager_register_importance_sources",
 }
+_GIVEN_CONFIG = {PluginKind.IMPORTANCE_SOURCE}
+"""Registration hooks that are given the effective configuration."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class PluginSource:
 
 @dataclass(frozen=True)
 class Registration:
-    """One registered driver, policy, sink or health source, with the plugin that provided it."""
+    """One registered driver, policy, sink, health or importance source, and its plugin."""
 
     record: PluginRecord
     source: PluginSource
@@ -232,7 +236,8 @@ class PluginRegistry:
         collected: list[Registration] = []
         ok = True
         for kind, hook_name in _REGISTRATION_HOOKS.items():
-            for result in self._call_own_hook(plugin, source, hook_name, {}):
+            kwargs = {"config": self.config} if kind in _GIVEN_CONFIG else {}
+            for result in self._call_own_hook(plugin, source, hook_name, kwargs):
                 ok = ok and result is not _FAILED
                 collected.extend(self._accept_records(kind, result, source))
         if ok:
@@ -376,6 +381,12 @@ class PluginRegistry:
         """The health-source record registered under ``name``."""
         record = self.get(PluginKind.HEALTH_SOURCE, name).record
         assert isinstance(record, HealthSourceRecord)
+        return record
+
+    def importance_source(self, name: str) -> ImportanceSourceRecord:
+        """The importance-source record registered under ``name``."""
+        record = self.get(PluginKind.IMPORTANCE_SOURCE, name).record
+        assert isinstance(record, ImportanceSourceRecord)
         return record
 
 
