@@ -17,6 +17,21 @@ from npumanager.daemon.server.importance import (
 from npumanager.schemas.limits import UNKNOWN_UID_PRIORITY
 
 SOURCES = ("desktop", "rules")
+
+
+class Silent:
+    """A source with no opinion of its own: the test tells the daemon its opinions."""
+
+    def start(self, changed: object) -> None:
+        pass
+
+    def importance(self, app: object) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
 APP_IDS = ("cam", "mail", "indexer")
 UIDS = (1000, 1001)
 
@@ -37,7 +52,7 @@ def test_pins_then_sources_in_order_then_nobody(
 ) -> None:
     registry = AppRegistry()
     applied: dict[int, int] = {}
-    combined = AppImportance(registry, applied.__setitem__, SOURCES)
+    combined = AppImportance(registry, applied.__setitem__, [(s, Silent()) for s in SOURCES])
     apps = [
         registry.app_for(uid, AppIdentity(a, "desktop-app", None, f"/{a}"))
         for uid in UIDS

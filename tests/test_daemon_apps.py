@@ -31,6 +31,7 @@ pytestmark = pytest.mark.skipif(
 
 VIDEO = "user@20001.service/app.slice/app-gnome-org.example.Video-1234.scope"
 INDEXER = "user@20001.service/background.slice/app-gnome-org.example.Indexer@77.service"
+CALL = "user@20001.service/app.slice/app-gnome-org.example.Call-99.scope"
 
 
 @pytest.fixture
@@ -175,15 +176,19 @@ def test_an_app_id_pinned_before_the_app_exists_ranks_it_when_it_comes(
         indexer = client_in(served, cgroups, INDEXER).hello["ready"]
         seen = info(served)
         assert importance_of(seen, video["hal_uid"]) == "FOREGROUND"
-        assert importance_of(seen, indexer["hal_uid"]) is None, "nothing ranks it"
+        assert importance_of(seen, indexer["hal_uid"]) == "CACHED", "slices: background.slice"
 
-        admin.set_uid_importance(FOREGROUND_UID, npu.IMPORTANCE_CACHED)
+        admin.set_uid_importance(FOREGROUND_UID, npu.IMPORTANCE_VISIBLE)
         seen = info(served)
         assert importance_of(seen, video["hal_uid"]) == "FOREGROUND", "the app's pin wins"
-        assert importance_of(seen, indexer["hal_uid"]) == "CACHED", "every app of the uid"
+        assert importance_of(seen, indexer["hal_uid"]) == "VISIBLE", "every app of the uid"
 
         admin.set_app_importance("org.example.Video", None)
-        assert importance_of(info(served), video["hal_uid"]) == "CACHED"
+        assert importance_of(info(served), video["hal_uid"]) == "VISIBLE"
+        admin.set_uid_importance(FOREGROUND_UID, None)
+        seen = info(served)
+        assert importance_of(seen, indexer["hal_uid"]) == "CACHED", "the sources again"
+        assert importance_of(seen, video["hal_uid"]) == "GONE", "nothing ranks it"
 
 
 def test_set_importance_by_app_id_at_the_command_line(
@@ -255,9 +260,11 @@ def test_apps_lists_each_app_with_its_importance_and_its_source(
     assert seen["cgroup"].endswith("/app-gnome-org.example.Video-1234.scope")
     assert seen["slice"] == "app.slice"
     indexer = apps["org.example.Indexer"]
-    assert (indexer["importance"], indexer["importance_source"]) == (None, "none")
+    assert (indexer["importance"], indexer["importance_source"]) == ("CACHED", "slices")
+    shell = apps[f"uid:{BACKGROUND_UID}"]
+    assert (shell["importance"], shell["importance_source"]) == (None, "none")
     assert indexer["slice"] == "background.slice"
-    assert apps[f"uid:{BACKGROUND_UID}"]["hal_uid"] == BACKGROUND_UID
+    assert shell["hal_uid"] == BACKGROUND_UID
 
     own = {a["app_id"] for a in video.ok("info")["apps"]}
     assert own == {"org.example.Video", "org.example.Indexer"}, "its own uid's apps only"
@@ -269,3 +276,27 @@ def test_apps_lists_each_app_with_its_importance_and_its_source(
     header, *rows = text.stdout.splitlines()
     assert header.split()[:4] == ["APP", "ID", "UID", "HAL"]
     assert any(r.split()[0] == "org.example.Video" and "pinned" in r for r in rows)
+
+
+def test_focus_written_as_mutter_writes_it_reaches_the_arbiter(
+    start_onnxruntime: Callable[..., DaemonProcess], cgroups: CgroupTree
+) -> None:
+    """The `desktop` source (on by default where cgroup v2 is mounted): -1 in the app's
+    cgroup's user.xdg.inactive-since is focus; a time is focus lost, ranked below it."""
+    import time
+
+    from helpers.real_daemon import info, wait_for
+
+    served = start_onnxruntime()
+    video = client_in(served, cgroups, VIDEO).hello["ready"]
+    call = client_in(served, cgroups, CALL).hello["ready"]
+    focus = "user.xdg.inactive-since"
+    os.setxattr(cgroups.root / VIDEO, focus, b"-1")
+    wait_for(lambda: importance_of(info(served), video["hal_uid"]) == "FOREGROUND")
+    lost_at = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1_000_000)
+    os.setxattr(cgroups.root / VIDEO, focus, str(lost_at).encode())
+    os.setxattr(cgroups.root / CALL, focus, b"-1")
+    wait_for(lambda: importance_of(info(served), call["hal_uid"]) == "FOREGROUND")
+    wait_for(lambda: importance_of(info(served), video["hal_uid"]) == "VISIBLE")
+    sources = {a["app_id"]: a["importance_source"] for a in info(served)["apps"]}
+    assert sources["org.example.Call"] == sources["org.example.Video"] == "desktop"

@@ -422,6 +422,29 @@ def test_outputs_larger_than_the_room_given_are_fetched_and_the_room_learnt(
         raw.close()
 
 
+def test_a_scalar_goes_in_and_comes_out_a_scalar(
+    start_onnxruntime: Callable[..., DaemonProcess],
+) -> None:
+    """0-d tensors keep their shape both ways (a C-contiguous copy must not make them 1-d)."""
+    node = helper.make_node("Add", ["x", "x"], ["y"])
+    graph = helper.make_graph(
+        [node],
+        "twice",
+        [helper.make_tensor_value_info("x", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [])],
+    )
+    daemon = start_onnxruntime()
+    raw = RawApp(daemon)
+    try:
+        model = raw.granted_model(model=onnx_bytes(graph))
+        [y] = model.run({"x": np.int64(21)})
+        assert y.shape == () and int(y) == 42
+        [y] = model.run({"x": np.array(4, dtype=np.int64)}, timeout=WAIT_S)
+        assert y.shape == () and int(y) == 8
+    finally:
+        raw.close()
+
+
 def test_a_lane_closes_with_its_connection_even_while_the_client_keeps_its_end(
     raw_lane: tuple[DaemonProcess, RawApp, RawLane, npu.LoadedModel],
 ) -> None:

@@ -321,7 +321,14 @@ def test_the_picture_labels_the_capacity_and_the_unload_reasons() -> None:
     figure = build_figure([result], scenario)
     texts = {text.get_text() for ax in figure.axes for text in ax.texts}
     assert any(text.startswith("capacity ") and text.endswith(" GiB") for text in texts)
-    assert {reason.lower() for _, _, reason in result.unloads} <= texts
+    keys = {
+        text.get_text()
+        for ax in figure.axes
+        if ax.get_legend() is not None
+        for text in ax.get_legend().get_texts()
+    }
+    named = {key.split(": ", 1)[1].rsplit(" (", 1)[0] for key in keys if key.startswith("unload")}
+    assert {reason.lower() for _, _, reason in result.unloads} == named, "each reason, once"
 
 
 def test_the_picture_ticks_camera_misses_and_shades_throttled_stretches() -> None:
@@ -339,4 +346,11 @@ def test_the_picture_ticks_camera_misses_and_shades_throttled_stretches() -> Non
     figure = build_figure([result], scenario)
     texts = {text.get_text() for ax in figure.axes for text in ax.texts}
     assert "shaded: throttled" in texts
-    assert any("| top: a camera deadline missed" in text for text in texts), texts
+    keys = {
+        text.get_text()
+        for ax in figure.axes
+        if ax.get_legend() is not None
+        for text in ax.get_legend().get_texts()
+    }
+    misses = result.metrics.camera_deadline_misses
+    assert f"a camera deadline missed ({misses})" in keys, keys

@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 import warnings
+from pathlib import Path
 from typing import Any, TextIO
 
 from npumanager.cli.options import (
@@ -226,6 +227,16 @@ def add_serve(add: Add) -> None:
         "(repeatable; default: linux on Linux for a driver without virtual_time; none: off)",
     )
     serve.add_argument(
+        "--importance",
+        action="append",
+        default=[],
+        metavar="NAME[:KEY=VALUE,...]",
+        help="rank apps by an importance source, e.g. desktop (the focused app first), slices "
+        "or rules:rules=camera.service=FOREGROUND (repeatable, earlier first; default: rules, "
+        "desktop and slices where cgroup v2 is mounted, else rules; none: off; an "
+        "administrator's set-importance pin is above them all)",
+    )
+    serve.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -333,9 +344,7 @@ def _check_hosts(args: argparse.Namespace, service: Any) -> None:
 
 def cmd_serve(ctx: CommandContext) -> int:
     """Serve one arbiter on the socket until SIGTERM or SIGINT."""
-    from npumanager.core.service.service import Service
-    from npumanager.daemon.peer import group_id, named_socket, socket_file, user_socket_path
-    from npumanager.daemon.server.server import Daemon
+    from npumanager.daemon.peer import named_socket, socket_file, user_socket_path
 
     args = ctx.args
     # A thread that wants the GIL waits at most this long for one that holds it: the loop
@@ -347,11 +356,36 @@ def cmd_serve(ctx: CommandContext) -> int:
     named = socket_file(args.socket, "--socket") if args.socket is not None else named_socket()
     path = named or user_socket_path()
     default_place = named is None
+    health = health_specs(ctx)
+    driver_options = dict(map(parse_driver_option, args.driver_option))
+    from npumanager.cli.importance import build_importance_sources
+
+    importance = build_importance_sources(ctx.registry, args.importance)
+    try:
+        return _serve(ctx, listener, path, default_place, health, driver_options, importance)
+    finally:
+        for _, source in importance:
+            source.close()
+
+
+def _serve(
+    ctx: CommandContext,
+    listener: socket.socket | None,
+    path: Path,
+    default_place: bool,
+    health: list[tuple[str, dict[str, Any]]],
+    driver_options: dict[str, Any],
+    importance: list[tuple[str, Any]],
+) -> int:
+    """`serve` once its options are checked and its importance sources built."""
+    from npumanager.core.service.service import Service
+    from npumanager.daemon.peer import group_id
+    from npumanager.daemon.server.server import Daemon
+
+    args = ctx.args
     socket_group = group_id(args.socket_group) if args.socket_group else None
     management_group = group_id(args.management_group) if args.management_group else None
     limits = limits_of(args)
-    health = health_specs(ctx)
-    driver_options = dict(map(parse_driver_option, args.driver_option))
     service = Service(
         args.driver,
         args.policy,
@@ -383,7 +417,10 @@ def cmd_serve(ctx: CommandContext) -> int:
             create_socket_dir=default_place,
             listener=listener,
             hosts=_host_settings(args, driver_options),
+            importance_sources=importance,
         )
+        if importance:
+            log.info("apps ranked by %s", ", ".join(name for name, _ in importance))
         daemon.bind()
     except OSError as exc:
         service.close()

@@ -26,7 +26,7 @@ def arrays(inputs: Mapping[str, Any]) -> Arrays:
     for name, value in inputs.items():
         if not isinstance(name, str):
             raise IllegalArgumentError(f"input names are str; got {name!r}")
-        array = np.ascontiguousarray(value)
+        array = np.require(value, requirements="C")  # 0-d stays 0-d
         arrays.append((name, tensors.dtype_name(array), array))
     return arrays
 

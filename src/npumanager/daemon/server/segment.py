@@ -100,7 +100,7 @@ class SharedSegment:
 
     def write_at(self, outputs: Sequence[np.ndarray], start: int, room: int) -> list[Placed] | int:
         """`write` into the `room` bytes from `start` (checked to lie in the segment)."""
-        arrays = [np.ascontiguousarray(out) for out in outputs]
+        arrays = [np.require(out, requirements="C") for out in outputs]  # 0-d stays 0-d
         names = [tensors.dtype_name(array) for array in arrays]
         offsets, size = tensors.layout(arrays)
         if size > room:

@@ -34,6 +34,7 @@ from typing import Any
 
 from npumanager.apps.registry import AppRegistry
 from npumanager.core.client.dispatch import Task
+from npumanager.core.plugins.importance import ImportanceSource
 from npumanager.core.service.service import Service
 from npumanager.daemon.heap import give_back_memory
 from npumanager.daemon.host.client import HostSettings
@@ -92,7 +93,7 @@ class Daemon:
         listener: socket.socket | None = None,
         notifier: Notifier | None = None,
         hosts: HostSettings | None = None,
-        importance_sources: Sequence[str] = (),
+        importance_sources: Sequence[tuple[str, ImportanceSource]] = (),
     ) -> None:
         self.service = service
         self.socket_path = Path(socket_path)
@@ -187,6 +188,7 @@ class Daemon:
             "READY=1", f"STATUS=serving on {self.socket_path}", f"MAINPID={os.getpid()}"
         )
         self._pet_watchdog(time.monotonic())
+        self.importance.start(self.post)
         self.leadership.run(self._loop_turn, self._shutdown)
 
     def _loop_turn(self) -> bool:
@@ -418,6 +420,7 @@ class Daemon:
     def _shutdown(self) -> None:
         """Complete every live request, tell the clients within a bound, close everything."""
         self.notifier.notify("STOPPING=1", "STATUS=completing live requests")
+        self.importance.close()
         dropped, running = self.inference.close()
         self.abandoned_load = running
         if dropped or running:
