@@ -251,7 +251,7 @@ def test_apps_lists_each_app_with_its_importance_and_its_source(
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    apps = {a["app_id"]: a for a in json_of(done.stdout)}  # type: ignore[attr-defined]
+    apps = {a["app_id"]: a for a in json_of(done.stdout)["apps"]}  # type: ignore[index]
     seen = apps["org.example.Video"]
     assert seen["uid"] == FOREGROUND_UID
     assert seen["hal_uid"] == video.hello["ready"]["hal_uid"]
@@ -300,3 +300,45 @@ def test_focus_written_as_mutter_writes_it_reaches_the_arbiter(
     wait_for(lambda: importance_of(info(served), video["hal_uid"]) == "VISIBLE")
     sources = {a["app_id"]: a["importance_source"] for a in info(served)["apps"]}
     assert sources["org.example.Call"] == sources["org.example.Video"] == "desktop"
+
+
+def test_a_process_holding_the_device_without_the_manager_is_shown_with_its_app(
+    start_onnxruntime: Callable[..., DaemonProcess], cgroups: CgroupTree
+) -> None:
+    """No accelerator here: /dev/null stands in for its node (`--device-node`), held by a
+    process of its own uid in an app's cgroup; the daemon's own descriptors never count."""
+    import subprocess
+    import sys
+
+    from helpers.real_daemon import info, wait_for
+
+    served = start_onnxruntime("--device-node", "/dev/null")
+    holder = cgroups.spawn(
+        INDEXER,
+        code="import os, sys; os.setuid(20001); f = open('/dev/null'); sys.stdin.read()",
+    )
+    expected = (holder.pid, "org.example.Indexer", 20001, "/dev/null")
+
+    def seen() -> list[dict[str, object]]:
+        users = info(served)["device_users"]
+        return [u for u in users if (u["pid"], u["app_id"], u["uid"], u["node"]) == expected]
+
+    wait_for(lambda: bool(seen()))  # it opens the node, and is moved into the app's cgroup
+    (user,) = seen()
+    assert user["driver"] is None and user["resident_bytes"] == 0, "no DRM device: no usage"
+    assert served.process.pid not in {u["pid"] for u in info(served)["device_users"]}
+    command = [str(Path(sys.executable).with_name("npu-manager")), "apps"]
+    text = subprocess.run(
+        [*command, "--socket", str(served.socket)], capture_output=True, text=True, check=False
+    )
+    assert "using the device without the manager:" in text.stdout, text.stdout + text.stderr
+    refused = subprocess.run(
+        [str(Path(sys.executable).with_name("npu-manager")), "serve", "--device-node", "/etc"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert refused.returncode == 2 and refused.stderr.strip().endswith(
+        "--device-node /etc: not a character device (an accelerator's node is one, e.g. "
+        "/dev/accel/accel0)"
+    ), refused.stderr

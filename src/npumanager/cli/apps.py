@@ -48,23 +48,50 @@ def cmd_apps(ctx: CommandContext) -> int:
             f"got {args.interval:g}"
         )
     with client(args) as daemon:
-        shown: list[dict[str, Any]] | None = None
+        shown: dict[str, Any] | None = None
         while True:
-            apps: list[dict[str, Any]] = daemon.info(limit=MAX_INFO_LIMIT).get("apps", [])
-            if apps != shown:
-                _print(ctx, apps, watching=args.watch)
-                shown = apps
+            document = daemon.info(limit=MAX_INFO_LIMIT)
+            listed = {
+                "apps": document.get("apps", []),
+                "device_users": document.get("device_users", []),
+            }
+            if listed != shown:
+                _print(ctx, listed, watching=args.watch)
+                shown = listed
             if not args.watch:
                 return 0
             time.sleep(args.interval)
 
 
-def _print(ctx: CommandContext, apps: list[dict[str, Any]], *, watching: bool) -> None:
+def _print(ctx: CommandContext, listed: dict[str, Any], *, watching: bool) -> None:
     if ctx.args.json:
-        ctx.out.write(json.dumps(apps, indent=None if watching else 2) + "\n")
+        ctx.out.write(json.dumps(listed, indent=None if watching else 2) + "\n")
     else:
-        ctx.out.write(render_apps(apps) + ("\n\n" if watching else "\n"))
+        text = render_apps(listed["apps"])
+        if listed["device_users"]:
+            text += "\n\nusing the device without the manager:\n"
+            text += render_device_users(listed["device_users"])
+        ctx.out.write(text + ("\n\n" if watching else "\n"))
     ctx.out.flush()
+
+
+def render_device_users(users: list[dict[str, Any]]) -> str:
+    """Processes holding the accelerator's nodes outside the manager, one row each."""
+    return format_table(
+        [
+            [
+                u["app_id"],
+                str(u["uid"]),
+                str(u["pid"]),
+                u["comm"],
+                u["node"],
+                u["driver"] or "-",
+                str(u["resident_bytes"]),
+            ]
+            for u in users
+        ],
+        ["APP ID", "UID", "PID", "COMMAND", "NODE", "DRIVER", "RESIDENT BYTES"],
+    )
 
 
 def render_apps(apps: list[dict[str, Any]]) -> str:

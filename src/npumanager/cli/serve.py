@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import sys
 import warnings
 from pathlib import Path
@@ -237,6 +238,14 @@ def add_serve(add: Add) -> None:
         "administrator's set-importance pin is above them all)",
     )
     serve.add_argument(
+        "--device-node",
+        action="append",
+        default=None,
+        metavar="PATH",
+        help="a device node of the accelerator whose users outside the manager info and apps "
+        "show (repeatable; default: /dev/accel/accel* and /dev/dri/renderD*)",
+    )
+    serve.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -330,6 +339,23 @@ def _host_settings(args: argparse.Namespace, options: dict[str, Any]) -> Any:
     return HostSettings(args.driver, options, args.devices, cgroups=cgroups)
 
 
+def _device_nodes(given: list[str] | None) -> list[str] | None:
+    """The named device nodes, each checked to be a character device; None: the machine's."""
+    if given is None:
+        return None
+    for node in given:
+        try:
+            mode = os.stat(node).st_mode
+        except OSError as exc:
+            raise NpuManagerError(f"--device-node {node}: {exc.strerror}") from None
+        if not stat.S_ISCHR(mode):
+            raise NpuManagerError(
+                f"--device-node {node}: not a character device (an accelerator's node is one, "
+                "e.g. /dev/accel/accel0)"
+            )
+    return [os.path.normpath(os.path.abspath(node)) for node in given]
+
+
 def _check_hosts(args: argparse.Namespace, service: Any) -> None:
     from npumanager.daemon.host.client import can_host
 
@@ -418,6 +444,7 @@ def _serve(
             listener=listener,
             hosts=_host_settings(args, driver_options),
             importance_sources=importance,
+            device_nodes=_device_nodes(args.device_node),
         )
         if importance:
             log.info("apps ranked by %s", ", ".join(name for name, _ in importance))

@@ -85,6 +85,7 @@ def view(
     shown["priorities_total"] = len(document["priorities"])
     shown["clients"] = page(document["clients"])
     shown["apps"] = page(document.get("apps", []))
+    shown["device_users"] = page(document.get("device_users", []))
     shown["clients_total"] = len(document["clients"])
     shown["page"] = {"offset": offset, "limit": limit, "scope": "all" if uids is None else "own"}
     return shown

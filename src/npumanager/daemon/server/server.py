@@ -43,6 +43,7 @@ from npumanager.daemon.server.admission import Admission
 from npumanager.daemon.server.binding import Binding, bind, raise_descriptor_limit
 from npumanager.daemon.server.calls import Calls
 from npumanager.daemon.server.connection import Connection
+from npumanager.daemon.server.device_users import DeviceUsers
 from npumanager.daemon.server.frames import FrameHandler
 from npumanager.daemon.server.hosting import Hosting
 from npumanager.daemon.server.importance import AppImportance
@@ -94,6 +95,7 @@ class Daemon:
         notifier: Notifier | None = None,
         hosts: HostSettings | None = None,
         importance_sources: Sequence[tuple[str, ImportanceSource]] = (),
+        device_nodes: Sequence[str] | None = None,
     ) -> None:
         self.service = service
         self.socket_path = Path(socket_path)
@@ -129,6 +131,8 @@ class Daemon:
         )
         """Each app's importance: pins, then the sources named here, in order."""
         self.calls = Calls(service, self.post, management_group, self.importance)
+        self.device_users = DeviceUsers(device_nodes, self._host_pids)
+        """Processes using the accelerator without the manager, for `info`."""
         self.inference = inference = InferenceCalls(
             service,
             self.calls,
@@ -396,6 +400,7 @@ class Daemon:
             **self.stats.as_dict(),
         }
         document["apps"] = [self.importance.describe(app) for app in self.apps.apps() if app.pids]
+        document["device_users"] = self.device_users.describe()
         document["clients"] = [
             {
                 "client": c.manager.client,
@@ -414,6 +419,13 @@ class Daemon:
             if c.manager is not None
         ]
         return document
+
+    def _host_pids(self) -> list[int]:
+        return [
+            pid
+            for c in self.transport.connections.values()
+            if (pid := getattr(c.host, "pid", None)) is not None
+        ]
 
     # Shutdown ---------------------------------------------------------------------------
 
