@@ -342,3 +342,26 @@ def test_a_process_holding_the_device_without_the_manager_is_shown_with_its_app(
         "--device-node /etc: not a character device (an accelerator's node is one, e.g. "
         "/dev/accel/accel0)"
     ), refused.stderr
+
+
+def test_quotas_hold_per_app_and_per_uid_both(
+    start_onnxruntime: Callable[..., DaemonProcess], cgroups: CgroupTree
+) -> None:
+    served = start_onnxruntime("--max-requests-per-app", "2", "--max-requests-per-uid", "5")
+    video = client_in(served, cgroups, VIDEO)
+    indexer = client_in(served, cgroups, INDEXER)
+    shell = client_in(served, None, None)
+    for request_id in (1, 2):
+        video.ok("request", id=request_id, size=0)
+    refused = video.send("request", id=3, size=0)
+    assert refused.get("error") == "QuotaExceededError", refused
+    assert refused["message"] == (
+        "app org.example.Video holds 2 requests through the daemon, its limit (set by serve "
+        "--max-requests-per-app); release some first"
+    )
+    for request_id in (1, 2):  # another app of the same uid has its own
+        indexer.ok("request", id=request_id, size=0)
+    shell.ok("request", id=1, size=0)  # the uid's own processes: the uid's cap alone
+    over = shell.send("request", id=2, size=0)
+    assert over.get("error") == "QuotaExceededError", over
+    assert over["message"].startswith(f"uid {FOREGROUND_UID} holds 5 requests"), over

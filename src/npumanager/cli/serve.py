@@ -34,7 +34,9 @@ from npumanager.schemas.limits import (
     DEFAULT_MAX_CONNECTIONS_PER_UID,
     DEFAULT_MAX_INFERENCES_PER_CONNECTION,
     DEFAULT_MAX_MODEL_FILE_BYTES,
+    DEFAULT_MAX_MODELS_PER_APP,
     DEFAULT_MAX_MODELS_PER_UID,
+    DEFAULT_MAX_REQUESTS_PER_APP,
     DEFAULT_MAX_REQUESTS_PER_UID,
     DEFAULT_MAX_SHARED_BYTES,
     DEFAULT_UNLOAD_GRACE_MS,
@@ -180,6 +182,22 @@ def add_serve(add: Add) -> None:
         help=f"models one uid may hold loaded (default {DEFAULT_MAX_MODELS_PER_UID})",
     )
     limits.add_argument(
+        "--max-requests-per-app",
+        type=_positive,
+        default=DEFAULT_MAX_REQUESTS_PER_APP,
+        metavar="N",
+        help="live requests one app found by its cgroup may hold, within its uid's "
+        f"(default {DEFAULT_MAX_REQUESTS_PER_APP})",
+    )
+    limits.add_argument(
+        "--max-models-per-app",
+        type=_positive,
+        default=DEFAULT_MAX_MODELS_PER_APP,
+        metavar="N",
+        help="models one app found by its cgroup may hold loaded, within its uid's "
+        f"(default {DEFAULT_MAX_MODELS_PER_APP})",
+    )
+    limits.add_argument(
         "--max-buffered-mib",
         type=_positive,
         default=DEFAULT_MAX_BUFFERED_BYTES // _MIB,
@@ -264,6 +282,8 @@ def limits_of(args: argparse.Namespace) -> DaemonLimits:
         max_shared_bytes=args.max_shared_mib * _MIB,
         max_inferences_per_connection=args.max_inferences_per_connection,
         max_model_file_bytes=args.max_model_mib * _MIB,
+        max_requests_per_app=args.max_requests_per_app,
+        max_models_per_app=args.max_models_per_app,
     )
 
 

@@ -168,6 +168,11 @@ DEFAULT_MAX_REQUESTS_PER_UID: Final = 1024
 """Live model-load requests one uid may hold through the daemon (management is exempt)."""
 DEFAULT_MAX_MODELS_PER_UID: Final = 64
 """Models one uid may hold loaded through the daemon (management is exempt)."""
+DEFAULT_MAX_REQUESTS_PER_APP: Final = DEFAULT_MAX_REQUESTS_PER_UID // 4
+"""Live requests one app (found by its cgroup) may hold: a person's uid runs several apps,
+and one of them must not take the whole uid's share."""
+DEFAULT_MAX_MODELS_PER_APP: Final = DEFAULT_MAX_MODELS_PER_UID // 4
+"""Models one app (found by its cgroup) may hold loaded."""
 DEFAULT_MAX_BUFFERED_BYTES: Final = 64 << 20
 """Bytes the daemon buffers for all clients together (partial frames and unread replies);
 past it, the connection buffering the most is dropped."""

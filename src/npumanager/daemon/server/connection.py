@@ -185,6 +185,9 @@ class Connection:
         """`QuotaExceededError` now, before acting, if one more is past the uid's cap (or,
         with ``including``, if what it took already is)."""
         self.usage.check(resource, self.peer.uid, exempt=self.management, including=including)
+        app = self.app
+        if app is not None and app.kind != "uid" and not self.management:
+            self.usage.apps.check_app(resource, app.hal_uid, app.app_id, including=including)
 
     def release(self) -> None:
         """Give back everything it holds and its buffers (the connection is closed)."""

@@ -106,6 +106,8 @@ class FrameHandler:
         connection.manager = self.service.manager(
             app.hal_uid, pid=peer.pid, uses_feature=hello.uses_feature
         )
+        if app.kind != "uid":  # an app found by its cgroup: its own quotas too
+            connection.usage.apps.join(app.hal_uid, connection.manager)
         self.importance.joined(app)
         connection.usage.join(peer.uid, connection.manager)
         connection.send(

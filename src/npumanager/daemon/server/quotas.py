@@ -21,7 +21,9 @@ from npumanager.schemas.limits import (
     DEFAULT_MAX_CONNECTIONS_PER_UID,
     DEFAULT_MAX_INFERENCES_PER_CONNECTION,
     DEFAULT_MAX_MODEL_FILE_BYTES,
+    DEFAULT_MAX_MODELS_PER_APP,
     DEFAULT_MAX_MODELS_PER_UID,
+    DEFAULT_MAX_REQUESTS_PER_APP,
     DEFAULT_MAX_REQUESTS_PER_UID,
     DEFAULT_MAX_SHARED_BYTES,
 )
@@ -32,6 +34,10 @@ _OPTION: dict[Resource, str] = {
     "connections": "--max-connections-per-uid",
     "requests": "--max-requests-per-uid",
     "models": "--max-models-per-uid",
+}
+_APP_OPTION: dict[Resource, str] = {
+    "requests": "--max-requests-per-app",
+    "models": "--max-models-per-app",
 }
 
 
@@ -47,6 +53,12 @@ class DaemonLimits:
     max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES
     max_inferences_per_connection: int = DEFAULT_MAX_INFERENCES_PER_CONNECTION
     max_model_file_bytes: int = DEFAULT_MAX_MODEL_FILE_BYTES
+    max_requests_per_app: int = DEFAULT_MAX_REQUESTS_PER_APP
+    max_models_per_app: int = DEFAULT_MAX_MODELS_PER_APP
+
+    def app_cap(self, resource: Resource) -> int:
+        """The per-app cap of requests or models (connections are capped per uid only)."""
+        return self.max_requests_per_app if resource == "requests" else self.max_models_per_app
 
     def cap(self, resource: Resource) -> int:
         """The per-uid cap of one resource."""
@@ -66,12 +78,16 @@ class UidUsage:
     connections (counted by the service, which holds the one record of each), against the
     caps."""
 
-    def __init__(self, limits: DaemonLimits, holdings: Holdings | None = None) -> None:
+    def __init__(
+        self, limits: DaemonLimits, holdings: Holdings | None = None, *, per_app: bool = False
+    ) -> None:
         self.limits = limits
         self._holdings = holdings or (lambda _: (0, 0))
         self._connections: Counter[int] = Counter()
         self._managers: dict[int, set[NpuManager]] = {}
         """The managers of each uid's connections that said hello."""
+        self.apps: UidUsage = self if per_app else UidUsage(limits, holdings, per_app=True)
+        """The same count by app, keyed by HAL uid: apps found by their cgroups join it."""
 
     def join(self, uid: int, manager: NpuManager) -> None:
         """A connection of the uid said hello: what its manager holds counts for the uid."""
@@ -102,6 +118,20 @@ class UidUsage:
             raise QuotaExceededError(
                 f"uid {uid} holds {held - including} {resource} through the daemon, its "
                 f"limit (set by serve {_OPTION[resource]}); release some first"
+            )
+
+    def check_app(
+        self, resource: Resource, hal_uid: int, app_id: str, *, including: int = 0
+    ) -> None:
+        """`QuotaExceededError` if the app (by its HAL uid) may not take one more requests
+        or models (or keep ``including`` it took already)."""
+        if resource == "connections":
+            return
+        held = self.held(resource, hal_uid)
+        if held - including >= self.limits.app_cap(resource):
+            raise QuotaExceededError(
+                f"app {app_id} holds {held - including} {resource} through the daemon, its "
+                f"limit (set by serve {_APP_OPTION[resource]}); release some first"
             )
 
     def take_connection(self, uid: int, *, exempt: bool = False) -> None:

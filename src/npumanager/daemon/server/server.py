@@ -269,9 +269,11 @@ class Daemon:
         memory of the models it held handed back to the system soon after."""
         self._forget_deadline(connection)
         self.inference.forget(connection)
+        manager = connection.manager
         if connection.app is not None:
             self.apps.left(connection.app, connection.peer.pid)
-        manager = connection.manager
+            if manager is not None:
+                self.usage.apps.leave(connection.app.hal_uid, manager)
         if manager is not None and self.service.backend.holdings(manager)[1]:
             self.transport.freed += _TRIM_AFTER_BYTES
 
