@@ -8,6 +8,7 @@ processes of one uid moved into them before they connect, a real `npu-manager se
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -365,3 +366,52 @@ def test_quotas_hold_per_app_and_per_uid_both(
     over = shell.send("request", id=2, size=0)
     assert over.get("error") == "QuotaExceededError", over
     assert over["message"].startswith(f"uid {FOREGROUND_UID} holds 5 requests"), over
+
+
+def test_a_process_that_exits_during_its_hello_is_its_uids_app(tmp_path: Path) -> None:
+    """The peer is gone before the daemon looks (its pidfd cannot be had, or leads
+    nowhere): the fallback, never another process's cgroup by a reused pid."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen(1)
+        code = f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({str(path)!r})"
+        gone = subprocess.run([sys.executable, "-c", code], check=True)
+        assert gone.returncode == 0  # it connected, and has exited
+        accepted, _ = listener.accept()
+        with accepted:
+            app = AppRegistry().identify(accepted, os.getuid(), 999_999)
+    assert (app.app_id, app.hal_uid) == (fallback_id(os.getuid()), os.getuid())
+
+
+def test_a_client_cannot_name_its_own_app_or_hal_uid(
+    start_onnxruntime: Callable[..., DaemonProcess],
+) -> None:
+    from npumanager.daemon.wire.protocol import FrameReader
+    from npumanager.schemas.limits import PROTOCOL_VERSION
+
+    served = start_onnxruntime()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(served.socket))
+        body = json.dumps(
+            {
+                "op": "hello",
+                "version": PROTOCOL_VERSION,
+                "uses_feature": True,
+                "app_id": "org.example.Bank",
+                "hal_uid": 1879048192,
+            }  # fmt: skip
+        ).encode()
+        sock.sendall(len(body).to_bytes(4, "big") + body)
+        reader = FrameReader()
+        frames: list[object] = []
+        while not frames:
+            data = sock.recv(65536)
+            assert data, "the daemon closed without saying why"
+            frames = list(reader.feed(data))
+    said = json.loads(frames[0])  # type: ignore[arg-type]
+    assert (said["op"], said["kind"]) == ("error", "ProtocolError"), said
+    assert "hello.app_id: Extra inputs are not permitted" in said["message"], said
