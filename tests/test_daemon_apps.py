@@ -403,7 +403,7 @@ def test_a_client_cannot_name_its_own_app_or_hal_uid(
                 "uses_feature": True,
                 "app_id": "org.example.Bank",
                 "hal_uid": 1879048192,
-            }  # fmt: skip
+            }
         ).encode()
         sock.sendall(len(body).to_bytes(4, "big") + body)
         reader = FrameReader()
