@@ -26,6 +26,7 @@ SCRIPTS = [
     "channel_hog",
     "daemon_attacks",
     "fairness",
+    "focus",
     "hops",
     "ipc",
     "ipc_inference",
@@ -122,8 +123,8 @@ def quick(script: str, *extra: str) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, str(BENCHMARKS / f"{script}.py"), "--quick", *extra]
     if script in QUICK_ARGS:
         argv += QUICK_ARGS[script]
-    if script in ("daemon_attacks", "channel_hog") and os.geteuid() != 0:
-        pytest.skip("the attackers' own uids need root")
+    if script in ("daemon_attacks", "channel_hog", "focus") and os.geteuid() != 0:
+        pytest.skip("the apps' own uids (and focus's cgroups) need root")
     result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
     assert result.returncode == 0, result.stderr
     return result
