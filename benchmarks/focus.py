@@ -19,10 +19,11 @@ same two opinions posted straight to the daemon's loop, as the source's callback
 of one uid in two app cgroups, the call (a frame every 16.7 ms) and the indexer (a flood on
 two connections), the focus alternating between them; the call's p99 without the focus over
 its p99 with it (the call focused in the odd phases, frames pooled). Run twice: with the
-daemon's default ladder (an app that lost the focus is `VISIBLE`, still in the focus band
-beside `FOREGROUND`: within a band the device scheduler's fair share decides) and with
-`SERVICE@0/CACHED@600` (one that lost the focus drops to the normal band at once). The issue
-gives no number; our bound for "clearly better" is 1.5x.
+daemon's default ladder, `SERVICE@0/CACHED@600` (an app that lost the focus drops to the
+normal band at once), and with `VISIBLE@0/SERVICE@60/CACHED@600` (one that lost the focus
+stays `VISIBLE`, in the focus band beside `FOREGROUND`, where the device scheduler's fair
+share alone decides: the reason the default is not that). The issue gives no number; our
+bound for "clearly better" is 1.5x, for the default.
 
 Needs root (cgroups, xattrs, the apps' uid) and cgroup v2; otherwise one line and exit 2.
 
@@ -67,9 +68,11 @@ FLOOR_APPS = (
 """The floor's apps: registered, never given a cgroup (the desktop source never ranks them)."""
 APP_UID = 20011
 INDEXER = "org.example.Indexer"
-FOREGROUND, VISIBLE = int(Importance.FOREGROUND), int(Importance.VISIBLE)
-BAND_LADDER = "SERVICE@0/CACHED@600"
-"""A ladder whose first step leaves the focus band: the focus then decides bands."""
+FOREGROUND, LOST = int(Importance.FOREGROUND), int(Importance.SERVICE)
+"""The importance of an app that has the focus, and of one that just lost it (the default
+ladder's first step)."""
+VISIBLE_LADDER = "VISIBLE@0/SERVICE@60/CACHED@600"
+"""A ladder whose first step stays in the focus band: the focus then changes little."""
 WAIT_S = 10.0
 """How long one change may take before the benchmark gives up."""
 MAX_P99_MS = 20.0
@@ -94,12 +97,6 @@ TARGETS = [
         ">=",
         CLEARLY_BETTER,
         why="issue 30: the deadline app's p99 with the focus clearly better (no number given)",
-    ),
-    Target(
-        "deadline.band_ladder.without_over_with_focus_p99",
-        ">=",
-        CLEARLY_BETTER,
-        why="issue 30, with the ladder SERVICE@0/CACHED@600: the focus decides the band",
     ),
 ]
 
@@ -265,14 +262,14 @@ def play_changes(
     for number in range(changes):
         new, old = number % 2, 1 - number % 2
         for kind, apps in (("change", watched), ("floor", floor)):
-            wanted = {apps[new][1]: FOREGROUND, apps[old][1]: VISIBLE}
+            wanted = {apps[new][1]: FOREGROUND, apps[old][1]: LOST}
             start = time.perf_counter_ns()
             if kind == "change":
                 lost = str(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000).encode()
                 os.setxattr(cgroups[old], XATTR, lost)
                 os.setxattr(cgroups[new], XATTR, str(FOCUSED).encode())
             else:
-                post_opinion(daemon, apps[old][0], VISIBLE)
+                post_opinion(daemon, apps[old][0], LOST)
                 post_opinion(daemon, apps[new][0], FOREGROUND)
             arbiter, driver = arrivals.wait(wanted)
             timed[kind, "arbiter"].append((arbiter - start) / 1e6)
@@ -291,9 +288,9 @@ def post_opinion(daemon: Daemon, app_id: str, importance: int) -> None:
 
 
 def deadline_worth(seconds: float, phases: int, progress: Progress) -> dict[str, dict[str, Any]]:
-    """(b): the example through the daemon, with the default ladder and the band ladder."""
+    """(b): the example through the daemon, with the default ladder and the visible one."""
     found = {}
-    for name, ladder in (("default_ladder", None), ("band_ladder", BAND_LADDER)):
+    for name, ladder in (("default_ladder", None), ("visible_ladder", VISIBLE_LADDER)):
         progress.step(f"examples/focus/run.py, {phases} phases of {seconds:g} s, {name}")
         command = [sys.executable, str(EXAMPLE), "--json", "--seconds", str(seconds)]
         command += ["--phases", str(phases)] + (["--ladder", ladder] if ladder else [])
@@ -302,7 +299,7 @@ def deadline_worth(seconds: float, phases: int, progress: Progress) -> dict[str,
             raise SystemExit(f"focus: the example failed: {done.stderr.strip()[-2000:]}")
         figures = json.loads(done.stdout.strip().splitlines()[-1])
         found[name] = {
-            "ladder": figures["ladder"] or "VISIBLE@0/SERVICE@60/CACHED@600",
+            "ladder": figures["ladder"] or "SERVICE@0/CACHED@600",
             "with_focus_p50_ms": figures["call_p50_with_focus_ms"],
             "with_focus_p99_ms": figures["call_p99_with_focus_ms"],
             "without_focus_p50_ms": figures["call_p50_without_focus_ms"],

@@ -298,7 +298,7 @@ def test_focus_written_as_mutter_writes_it_reaches_the_arbiter(
     os.setxattr(cgroups.root / VIDEO, focus, str(lost_at).encode())
     os.setxattr(cgroups.root / CALL, focus, b"-1")
     wait_for(lambda: importance_of(info(served), call["hal_uid"]) == "FOREGROUND")
-    wait_for(lambda: importance_of(info(served), video["hal_uid"]) == "VISIBLE")
+    wait_for(lambda: importance_of(info(served), video["hal_uid"]) == "SERVICE")
     sources = {a["app_id"]: a["importance_source"] for a in info(served)["apps"]}
     assert sources["org.example.Call"] == sources["org.example.Video"] == "desktop"
 

@@ -48,7 +48,7 @@ def test_the_focus_example_prints_every_figure_and_the_importances_follow_the_fo
     assert [phase["focused"] for phase in phases] == [CALL, INDEXER, CALL]
     for phase in phases:
         other = INDEXER if phase["focused"] == CALL else CALL
-        assert phase["importance"] == {phase["focused"]: "FOREGROUND", other: "VISIBLE"}, phase
+        assert phase["importance"] == {phase["focused"]: "FOREGROUND", other: "SERVICE"}, phase
         assert phase["source"] == {CALL: "desktop", INDEXER: "desktop"}
         assert phase["frames"] > 0 and 0 < phase["p50_ms"] <= phase["p99_ms"]
         assert phase["missed_frames"] >= 0 and phase["indexer_per_s"] > 0

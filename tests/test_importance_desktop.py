@@ -106,7 +106,7 @@ def test_losing_the_focus_moves_the_app_down_at_the_next_event(
     assert seen.now("org.example.Video") is Importance.FOREGROUND  # read at start
     assert seen.next() == ("org.example.Video", Importance.FOREGROUND)
     focus(scope, monotonic_us())  # as Mutter writes it when the focus leaves
-    assert seen.next() == ("org.example.Video", Importance.VISIBLE)
+    assert seen.next() == ("org.example.Video", Importance.SERVICE)
     focus(scope, -1)
     assert seen.next() == ("org.example.Video", Importance.FOREGROUND)
     os.removexattr(scope, XATTR)
@@ -125,7 +125,7 @@ def test_apps_are_seen_as_they_come_and_go(cgroups: Path, watching: list[Watchin
     focus(video, monotonic_us())  # the focus moves from Video to Mail
     focus(mail, -1)
     assert {seen.next(), seen.next()} == {  # in either order: two folders, two events
-        ("org.example.Video", Importance.VISIBLE),
+        ("org.example.Video", Importance.SERVICE),
         ("org.example.Mail", Importance.FOREGROUND),
     }
     video.rmdir()
@@ -162,7 +162,7 @@ def test_several_cgroups_of_one_app_take_the_most_important(
     watching.append(seen := Watching(cgroups))
     assert seen.next() == ("org.example.Video", Importance.FOREGROUND)
     second.rmdir()
-    assert seen.next() == ("org.example.Video", Importance.VISIBLE)
+    assert seen.next() == ("org.example.Video", Importance.SERVICE)
 
 
 @pytest.mark.parametrize(
@@ -341,8 +341,6 @@ def test_values_are_minus_one_or_a_past_time(value: int, now: int) -> None:
 
 def test_the_default_ladder_is_documented_and_valid() -> None:
     assert DesktopOptions().ladder == DEFAULT_LADDER
-    assert DesktopOptions(ladder="visible@0/service@60/cached@600").ladder == DEFAULT_LADDER
-    assert DesktopOptions(ladder={"VISIBLE": 0, "SERVICE": 60, "CACHED": 600}).ladder == (
-        DEFAULT_LADDER
-    )
+    assert DesktopOptions(ladder="service@0/cached@600").ladder == DEFAULT_LADDER
+    assert DesktopOptions(ladder={"SERVICE": 0, "CACHED": 600}).ladder == DEFAULT_LADDER
     assert errno.ENODATA  # a missing attribute reads as ENODATA: no opinion

@@ -18,11 +18,12 @@ phase begins once the daemon shows the new importances (`DaemonClient.info()["ap
 importance, what decided it, and the call's p50/p99 latency per phase, then the call's p99
 without the focus over its p99 with it.
 
-With the daemon's default ladder an app that lost the focus is `VISIBLE`, in the same band as
-the `FOREGROUND` one (it is most likely still on screen), so the device scheduler's fair
-share, not the band, decides between the two, and the focus is worth little to the call
-(benchmarks/focus.py measures it); `--ladder SERVICE@0/CACHED@600` drops an app that lost
-the focus to the normal band at once, and the focus then decides.
+With the daemon's default ladder an app that lost the focus is `SERVICE` at once, out of the
+device's focus band, and the focus decides which app's work goes first;
+`--ladder VISIBLE@0/SERVICE@60/CACHED@600` keeps an app that lost the focus `VISIBLE`, in
+the same band as the `FOREGROUND` one, where the device scheduler's fair share alone decides
+between the two, and the focus is worth little to the call (benchmarks/focus.py measures
+both).
 
 The apps' cgroups: where a systemd user manager runs for `--uid` (a desktop session;
 `sudo python run.py --uid 1000`), each app is started by `systemd-run --user --scope` as
@@ -330,7 +331,7 @@ def run(
     seconds: float, phases: int, uid: int, flood_threads: int, ladder: str | None = None
 ) -> dict[str, Any]:
     """Everything set up, the phases played, everything removed; the figures. `ladder`: the
-    `desktop` source's (default: the daemon's own, `VISIBLE` first)."""
+    `desktop` source's (default: the daemon's own, `SERVICE` first)."""
     unfocused = first_step(ladder)
     mount, home = check_machine()
     launcher = Launcher.choose(mount, home, uid)
@@ -412,7 +413,7 @@ def main() -> int:
     parser.add_argument(
         "--ladder",
         help="the desktop source's ladder, e.g. SERVICE@0/CACHED@600 (default: the "
-        "daemon's, VISIBLE@0/SERVICE@60/CACHED@600)",
+        "daemon's, SERVICE@0/CACHED@600)",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_SECONDS:g} s phases")

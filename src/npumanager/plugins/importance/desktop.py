@@ -8,8 +8,8 @@ microseconds of ``CLOCK_MONOTONIC`` (GLib's ``g_get_monotonic_time()``; Mutter's
 
 - ``-1``: the app has the focus: ``FOREGROUND``;
 - a time ``T``: the app lost the focus ``now - T`` ago, and stands on the ladder's step for
-  that age (option ``ladder``, default ``VISIBLE@0/SERVICE@60/CACHED@600``): just after,
-  ``VISIBLE``; a minute later ``SERVICE``; ten minutes later ``CACHED``;
+  that age (option ``ladder``, default ``SERVICE@0/CACHED@600``): at once ``SERVICE`` (out
+  of the device's focus band), ten minutes later ``CACHED``;
 - no attribute (the compositor never focused the app, or is not Mutter): no opinion.
 
 A value that is not ``-1`` or a whole number of at most 19 digits, that is not UTF-8, or a
