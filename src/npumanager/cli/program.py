@@ -276,6 +276,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"with --real only: wall-clock seconds per run (default {REAL_DEMO_SECONDS:g}); "
         "the simulated demo plays the scenario's own duration",
     )
+    demo.add_argument(
+        "--min-jobs",
+        type=int,
+        metavar="N",
+        help="with --real only: an app's time is not up before it has finished N inferences, "
+        "however busy the machine (a run may then outlast --seconds; default 0)",
+    )
     simulation_commands.add_play_arguments(demo)
     simulate = add(
         "simulate", cmd_simulate, "play a scenario file direct and managed, or --list shipped ones"

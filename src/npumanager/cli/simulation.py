@@ -20,7 +20,11 @@ from typing import Any, Protocol, TextIO
 from npumanager.core.plugins.registry import PluginRegistry
 from npumanager.errors import ConfigError, NpuManagerError
 from npumanager.schemas import DriverCapability, DriverRecord
-from npumanager.schemas.limits import MAX_REAL_DEMO_SECONDS, REAL_DEMO_SECONDS
+from npumanager.schemas.limits import (
+    MAX_REAL_DEMO_MIN_JOBS,
+    MAX_REAL_DEMO_SECONDS,
+    REAL_DEMO_SECONDS,
+)
 from npumanager.simulation.devices import on_devices
 from npumanager.simulation.managed import check_policy
 from npumanager.simulation.progress import ProgressBar
@@ -132,6 +136,11 @@ def demo(ctx: Context, table: Table, default: Path) -> int:
     if ctx.args.seconds is not None:
         raise NpuManagerError(
             "--seconds applies to demo --real only (wall time per run); the simulated demo "
+            "plays the scenario's duration_ms of virtual time"
+        )
+    if ctx.args.min_jobs is not None:
+        raise NpuManagerError(
+            "--min-jobs applies to demo --real only (inferences per app); the simulated demo "
             "plays the scenario's duration_ms of virtual time"
         )
     path = ctx.args.scenario or default
@@ -254,9 +263,15 @@ def _play_real(ctx: Context, table: Table, default: Path) -> int:
             f"--seconds must be more than 0 and at most {MAX_REAL_DEMO_SECONDS:g} (wall time "
             f"per run); got {seconds:g}"
         )
+    min_jobs = 0 if ctx.args.min_jobs is None else ctx.args.min_jobs
+    if not 0 <= min_jobs <= MAX_REAL_DEMO_MIN_JOBS:
+        raise NpuManagerError(
+            f"--min-jobs must be within 0..{MAX_REAL_DEMO_MIN_JOBS} (inferences per app); "
+            f"got {min_jobs}"
+        )
     driver = real_demo.pick_driver(ctx.registry, ctx.args.driver)
     scenario = load_scenario(ctx.args.scenario or default)
-    plan = real_demo.Plan(ctx.registry, driver, scenario, seconds)
+    plan = real_demo.Plan(ctx.registry, driver, scenario, seconds, min_jobs=min_jobs)
     metrics = {
         "direct": real_demo.run_direct(plan),
         "managed": real_demo.run_managed(plan, ctx.registry),
@@ -268,8 +283,8 @@ def _play_real(ctx: Context, table: Table, default: Path) -> int:
     apps = ", ".join(_importances(plan, app) for app in scenario.apps)
     print(f"demo --real: {scenario.name}'s apps {apps}", file=ctx.out)
     print(
-        f"real models on {driver}, {seconds:g} s of wall time per run; managed runs the "
-        f"{scenario.policy!r} policy\n",
+        f"real models on {driver}, {seconds:g} s of wall time per run{_overtime(min_jobs)}; "
+        f"managed runs the {scenario.policy!r} policy\n",
         file=ctx.out,
     )
     body = [
@@ -300,6 +315,13 @@ def _importances(plan: Any, app: Any) -> str:
         and plan.at(event.at_ms) < plan.seconds
     ]
     return f"{app.name} ({'; '.join([app.importance.name.lower(), *changes])})"
+
+
+def _overtime(min_jobs: int) -> str:
+    """What `--min-jobs` adds to the header: the runs may last longer."""
+    if not min_jobs:
+        return ""
+    return f" (longer where an app had not finished {min_jobs} inference{'s' * (min_jobs > 1)})"
 
 
 def _run(

@@ -302,6 +302,11 @@ REAL_DEMO_SECONDS: Final = 4.0
 """How long each run of ``npu-manager demo --real`` lasts, in wall-clock seconds."""
 MAX_REAL_DEMO_SECONDS: Final = 600.0
 """The longest run ``npu-manager demo --real --seconds`` takes."""
+MAX_REAL_DEMO_MIN_JOBS: Final = 1000
+"""The most inferences ``demo --real --min-jobs`` waits for each app to finish."""
+REAL_DEMO_OVERTIME_S: Final = 600.0
+"""How long past its end ``demo --real --min-jobs`` lets an app that has not finished its
+inferences go on: only a hang outlasts it, however busy the machine."""
 MAX_REAL_DEMO_COST_US: Final = 500_000
 """The longest inference ``demo --real`` runs for an app (its ``cost_us``): the inputs of the
 model built in code grow with it, about 100 MiB at this length."""
