@@ -21,7 +21,10 @@ What a subclass may set or override:
   (default: its registered record's). Tests of a capability not claimed are skipped with
   ``driver does not claim <capability>``, never passed.
 - ``thread_safe``: True if ``submit`` may be called from several threads at once.
-- ``real_time_timeout_s``: how long a real-time wait may take before the test fails.
+- ``real_time_timeout_s``: how long a real-time wait may take before the test fails (120 s:
+  only a hang outlasts it, however busy the machine).
+- ``real_time_tries``: how often a real-time rule whose setup needs submissions within
+  milliseconds of one another tries again when a busy machine spoiled that (5).
 
 The driver interface the suite uses is the `~npumanager.Driver` protocol of
 ``npumanager.core.driver.contract`` (exported as `npumanager.Driver`), where every member is

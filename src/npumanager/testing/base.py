@@ -101,7 +101,13 @@ class SuiteBase:
     driver_name: ClassVar[str | None] = None
     driver_options: ClassVar[dict[str, Any]] = {}
     thread_safe: ClassVar[bool] = False
-    real_time_timeout_s: ClassVar[float] = 20.0
+    real_time_timeout_s: ClassVar[float] = 120.0
+    """How long a real-time wait lasts before the rule is taken as hung: only a hang outlasts
+    it, however busy the machine."""
+    real_time_tries: ClassVar[int] = 5
+    """How often a real-time rule whose setup needs its submissions within milliseconds of
+    one another tries again when the machine was too busy for that (its premise did not
+    hold, so it could not judge the driver); a rule in virtual time tries once."""
 
     _caps: frozenset[DriverCapability] = frozenset()
 
@@ -168,6 +174,11 @@ class SuiteBase:
     def virtual(self) -> bool:
         return DriverCapability.VIRTUAL_TIME in self._caps
 
+    def tries(self) -> range:
+        """The attempts of a rule whose premise a busy machine can spoil (`real_time_tries`):
+        it judges the driver on the first attempt whose premise held, or on the last."""
+        return range(1 if self.virtual else self.real_time_tries)
+
     def wait_ms(self, driver: Driver, ms: int) -> None:
         """Let `ms` of device time pass (virtual) or sleep that long (real time)."""
         if self.virtual:
@@ -198,6 +209,11 @@ class SuiteBase:
             if state.queue_depth or any(work >= 0 for work in state.running):
                 return False
         return True
+
+    @staticmethod
+    def running(driver: Driver, work: int, device: int = 0) -> bool:
+        """The work runs on the device now."""
+        return work in driver.device_state(device).running
 
     def wait_until(self, driver: Driver, done: Callable[[], bool], what: str) -> None:
         """Let time pass in 1 ms steps (advancing, or pumping and sleeping) until `done()`."""
