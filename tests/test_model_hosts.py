@@ -224,3 +224,46 @@ def test_a_client_killed_mid_load_stops_its_load_and_the_daemon_keeps_none_of_it
 def host_of(daemon: DaemonProcess, uid: int) -> int | None:
     pids = [c["host_pid"] for c in info(daemon)["clients"] if c["uid"] == uid]
     return pids[0] if pids else None
+
+
+DAEMON_THAT_DIES = r"""
+import sys, threading
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from helpers.real_daemon import endless_model
+from npumanager.daemon.host.client import HostSettings, ModelHost
+from npumanager.vendor_drivers.realexec.session import Call
+
+host = ModelHost(HostSettings("onnxruntime"), int(sys.argv[2]), int(sys.argv[2]))
+session = host.open(0, host.count(endless_model(), {}), 0)
+feeds = {"x": np.zeros((1, 256), np.float32)}
+threading.Thread(target=session.run, args=(feeds, Call(False)), daemon=True).start()
+print(host.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_host_whose_daemon_dies_ends_at_once_even_mid_inference() -> None:
+    """A daemon killed while its host runs an inference only a cancel would end: the host
+    is gone at once (its daemon's end closed, and the parent-death signal), not left
+    running an endless model for ever."""
+    import subprocess
+    import sys
+
+    tests = str(Path(__file__).parent)
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", DAEMON_THAT_DIES, tests, str(FOREGROUND_UID)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert daemon.stdout is not None
+        pid = int(daemon.stdout.readline())
+        wait_for(lambda: status(pid).get("State", "").startswith("R"))  # the endless run
+        daemon.kill()
+        daemon.wait()
+        wait_for(lambda: gone(pid))
+    finally:
+        daemon.kill()
+        daemon.wait()

@@ -201,7 +201,7 @@ def main() -> None:
         raise SystemExit(f"driver {settings['driver']!r} cannot run models in a host")
 
     messages.send(sock, {"ready": os.getpid(), "confined": confined})
-    try:
-        Host(sock, driver).serve()
-    finally:
-        driver.close()
+    Host(sock, driver).serve()
+    # The daemon went (its end closed, as when it dies): end now. An inference in flight
+    # would keep a runner thread, and so the process, alive; nothing here needs saving.
+    os._exit(0)

@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable
@@ -33,6 +34,7 @@ _MS_NOSUID = 2
 _MS_NODEV = 4
 _MS_NOEXEC = 8
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 
 HIDDEN = ("/home", "/root", "/tmp", "/var/tmp", "/run/user", "/srv", "/mnt", "/media")
@@ -124,6 +126,10 @@ def confine(uid: int, gid: int, prepare: Callable[[], object] = lambda: None) ->
         os.setgroups([])
         os.setgid(gid)
         os.setuid(uid)
+    # After the uid changed (a change of credentials clears it): killed with the daemon.
+    _check(_libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "PR_SET_PDEATHSIG")
+    if os.getppid() == 1:  # the daemon died before the line above: no signal will come
+        os._exit(0)
     _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "PR_SET_NO_NEW_PRIVS")
     _check(_libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "PR_SET_DUMPABLE")
     done["seccomp"] = seccomp.install()
