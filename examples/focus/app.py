@@ -33,7 +33,7 @@ from npumanager.vendor_drivers.realexec.chain import chain_model
 
 FRAME_S = 1 / 60
 """The call's frame: an inference every 16.7 ms, due before the next frame."""
-READY_TIMEOUT_S = 30.0
+READY_TIMEOUT_S = 120.0
 
 
 def join(cgroup: str | None, uid: int | None, gid: int | None) -> None:

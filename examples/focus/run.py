@@ -78,7 +78,7 @@ ROLES = {CALL: "deadline", INDEXER: "flood"}
 ROWS = {CALL: 48, INDEXER: 512}
 """Rows of each app's inference, as in examples/two_processes."""
 FRAME_MS = 1000 / 60
-WAIT_S = 30.0
+WAIT_S = 120.0
 """How long the script waits for the daemon, an app or an importance before it gives up."""
 QUICK_SECONDS = 1.5
 
