@@ -466,9 +466,9 @@ def _serve(
             importance_sources=importance,
             device_nodes=_device_nodes(args.device_node),
         )
-        if importance:
-            log.info("apps ranked by %s", ", ".join(name for name, _ in importance))
         daemon.bind()
+        if importance:  # once bound: a daemon refused its socket says that alone
+            log.info("apps ranked by %s", ", ".join(name for name, _ in importance))
     except OSError as exc:
         service.close()
         raise NpuManagerError(f"cannot serve on {path}: {exc.strerror or exc}") from None
