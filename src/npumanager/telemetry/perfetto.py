@@ -75,7 +75,9 @@ class PerfettoSink(EventSink):
             raise IllegalArgumentError(f"path must be a str or a Path; got {path!r}")
         if not isinstance(label, str):
             raise IllegalArgumentError(f"label must be a str; got {label!r}")
-        self.path = writable_file(Path(path), "sink 'perfetto'") if path is not None else None
+        self.path = (
+            None if path is None else writable_file(Path(path), "sink 'perfetto'", create=False)
+        )
         self.label = label
         self.pid_base = check_int("pid_base", pid_base, 0, 1 << 30)
         self.names = dict(names or {})
