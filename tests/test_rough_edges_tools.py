@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import health_trees as tree
+from helpers.console import one_line_error
 from helpers.unavailable import without, write_blocker
 
 CONSOLE_SCRIPT = str(Path(sys.executable).with_name("npu-manager"))
@@ -58,16 +59,6 @@ def npu(
         check=False,
         timeout=timeout,
     )
-
-
-def one_line_error(result: subprocess.CompletedProcess[str], *parts: str) -> str:
-    assert result.returncode == 2, (result.stdout, result.stderr)
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    for part in parts:
-        assert part in lines[0], lines[0]
-    return lines[0]
 
 
 def with_path(*folders: Path, **variables: str) -> dict[str, str]:
