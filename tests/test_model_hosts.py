@@ -279,3 +279,48 @@ def test_a_host_whose_daemon_dies_ends_at_once_even_mid_inference() -> None:
     finally:
         daemon.kill()
         daemon.wait()
+
+
+def test_a_dead_hosts_error_holds_nothing_of_its_caller_once_caught() -> None:
+    """The error a caller gets when its host dies lets go of the caller's frame as soon as
+    it is caught, with no cycle for the collector: a lane's frame holds a client's shared
+    segment, which stayed mapped until a full collection ran (found by a killed client's
+    segment still mapped after 120 s)."""
+    import gc
+    import threading
+    import weakref
+
+    from npumanager.daemon.host.client import HostSettings, ModelHost
+    from npumanager.errors import ModelHostError
+
+    class Inputs:
+        """Stands for the arrays over a client's segment that a caller's frame holds."""
+
+    host = ModelHost(HostSettings("onnxruntime"), FOREGROUND_UID, FOREGROUND_UID)
+    held: list[weakref.ref[Inputs]] = []
+    errors: list[str] = []
+    asked = threading.Event()
+
+    def caller() -> None:
+        inputs = Inputs()
+        held.append(weakref.ref(inputs))
+        asked.set()
+        try:
+            host.ask("count", timeout=None)  # a stopped host never answers
+        except ModelHostError as exc:
+            errors.append(str(exc))
+
+    gc.disable()
+    try:
+        os.kill(host.pid, signal.SIGSTOP)
+        thread = threading.Thread(target=caller)
+        thread.start()
+        asked.wait()
+        wait_for(lambda: bool(host._waiting))
+        host.kill()
+        thread.join()
+        assert errors == ["the model host was stopped"]
+        assert held[0]() is None, "the caught error still holds the caller's frame"
+    finally:
+        gc.enable()
+        host.kill()

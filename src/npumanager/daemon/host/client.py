@@ -104,7 +104,8 @@ class ModelHost:
         self.uid, self.gid = host_identity(uid, gid)
         self._on_death = on_death
         self._ids = itertools.count(1)
-        self._waiting: dict[int, Future[messages.Message]] = {}
+        self._waiting: dict[int, Future[messages.Message | None]] = {}
+        """Answers awaited, by request id; None answers a request whose host died."""
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self.dead: str | None = None
@@ -178,7 +179,7 @@ class ModelHost:
         does not answer within `timeout`, by default `HostSettings.answer_s`, None for
         ever: it is killed)."""
         request_id = next(self._ids)
-        waiting: Future[messages.Message] = Future()
+        waiting: Future[messages.Message | None] = Future()
         with self._lock:
             if self.dead is not None:
                 raise ModelHostError(f"the model host {self.dead}")
@@ -193,6 +194,10 @@ class ModelHost:
                 f"the model host did not answer {op} within {self.settings.answer_s} s; "
                 "it was killed"
             ) from None
+        if answer is None:
+            # A fresh error: one stored in the future would keep, through its traceback,
+            # every frame it passed (a lane's holds a client's segment) in a cycle.
+            raise ModelHostError(f"the model host {self.dead}")
         if "error" in answer.header:
             for fd in answer.fds:
                 os.close(fd)
@@ -329,7 +334,7 @@ class ModelHost:
             log.warning("the model host of uid %d (pid %d) %s", self.uid, self.pid, why)
             self._on_death(why)
         for future in waiting.values():
-            future.set_exception(ModelHostError(f"the model host {why}"))
+            future.set_result(None)
         with contextlib.suppress(OSError):
             self._sock.close()
 
