@@ -171,7 +171,8 @@ def render_info(document: dict[str, Any]) -> str:
                 [
                     str(d["device"]),
                     f"{d['weight_memory_used_bytes'] / (1 << 30):.2f}/"
-                    f"{d['weight_memory_bytes'] / (1 << 30):.2f}",
+                    f"{d['weight_memory_bytes'] / (1 << 30):.2f}"
+                    + _outside(d.get("weight_memory_outside_bytes", 0)),
                     str(d["models_loaded"]),
                     f"{d['running']}/{d['channels']}",
                     str(d["queue_depth"]),
@@ -332,3 +333,8 @@ def _done(ctx: CommandContext, document: dict[str, Any], text: str) -> int:
     else:
         print(text, file=ctx.out)
     return 0
+
+
+def _outside(held: int) -> str:
+    """What processes outside the manager hold on a device, where counted and not 0."""
+    return f" ({held / (1 << 30):.2f} outside)" if held else ""

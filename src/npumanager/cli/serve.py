@@ -264,6 +264,13 @@ def add_serve(add: Add) -> None:
         "show (repeatable; default: /dev/accel/accel* and /dev/dri/renderD*)",
     )
     serve.add_argument(
+        "--count-device-users",
+        action="store_true",
+        help="count the device memory that processes outside the manager hold (their "
+        "drm-resident bytes, scanned every 2 s) against device 0's capacity: loads get "
+        "what is left, and background apps are asked to unload when it shrinks",
+    )
+    serve.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -465,6 +472,7 @@ def _serve(
             hosts=_host_settings(args, driver_options),
             importance_sources=importance,
             device_nodes=_device_nodes(args.device_node),
+            count_device_users=args.count_device_users,
         )
         daemon.bind()
         if importance:  # once bound: a daemon refused its socket says that alone

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from npumanager.core.driver.events import WorkEvent
 from npumanager.telemetry.events import (
@@ -11,6 +12,9 @@ from npumanager.telemetry.events import (
     ModelLoadStateChanged,
     TelemetryEvent,
 )
+
+if TYPE_CHECKING:
+    from npumanager.apps.device_users import DeviceUser
 
 
 class UidNames:
@@ -29,11 +33,28 @@ class UidNames:
         return None if resolve is None else resolve(uid)
 
 
+class DeviceUsersFeed:
+    """The processes using the accelerator without the manager, as the service last found
+    them (a daemon scans for them); in process there are none."""
+
+    def __init__(self) -> None:
+        self._provide: Callable[[], Sequence[DeviceUser]] | None = None
+
+    def set(self, provide: Callable[[], Sequence[DeviceUser]]) -> None:
+        """Ask `provide` for the users from now on (it may be called from any thread)."""
+        self._provide = provide
+
+    def __call__(self) -> Sequence[DeviceUser]:
+        provide = self._provide
+        return () if provide is None else provide()
+
+
 class EventSink:
     """``handle(batch)`` calls the method for each event's kind; override those you need.
 
     A sink with a ``uid_names`` attribute is given the service's names for uids (a callable
-    from uid to a name or None) when it is added, to label its events by app.
+    from uid to a name or None) when it is added, to label its events by app; one with a
+    ``device_users`` attribute, a callable giving the device's users outside the manager.
     """
 
     def handle(self, batch: Sequence[TelemetryEvent]) -> None:

@@ -22,7 +22,7 @@ from npumanager.core.driver.debounce import Debouncer
 from npumanager.core.driver.events import WorkEvent
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas.limits import MAX_DEBOUNCE_DURATION_MS, MAX_SINK_QUEUE_EVENTS
-from npumanager.telemetry.base import UidNames
+from npumanager.telemetry.base import DeviceUsersFeed, UidNames
 from npumanager.telemetry.events import TelemetryEvent
 
 log = logging.getLogger(__name__)
@@ -208,6 +208,8 @@ class TelemetryHub:
         self._dirty = False
         self.uid_names = UidNames()
         """Given to each sink that has a ``uid_names`` attribute."""
+        self.device_users = DeviceUsersFeed()
+        """Given to each sink that has a ``device_users`` attribute."""
 
     def __bool__(self) -> bool:
         return bool(self._handles)
@@ -236,6 +238,8 @@ class TelemetryHub:
         window, size = self.check_options(debounce_duration_ms, queue_size)
         if hasattr(sink, "uid_names"):
             sink.uid_names = self.uid_names
+        if hasattr(sink, "device_users"):
+            sink.device_users = self.device_users
         taken = {handle.name for handle in self._handles}
         unique = name
         for n in itertools.count(2):

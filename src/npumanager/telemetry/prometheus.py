@@ -5,15 +5,20 @@ from a work item's REQUESTED (else its first STARTED) to its final ENDED, by end
 `npu_model_load_requests_total{status}`, every request (`requested`) and every step it
 took (`can_load_now`, `loaded`, `unload_requested`, ...); and, by device,
 `npu_weight_memory_bytes`, `npu_weight_memory_capacity_bytes`, `npu_temperature_celsius`,
-`npu_throttling_severity` and `npu_busy_channels`.
+`npu_throttling_severity` and `npu_busy_channels`. A daemon adds the processes that use the
+accelerator without the manager, by app, as a scrape finds them: `npu_device_users{app}` (their
+DRM clients), `npu_device_user_resident_bytes{app}` and
+`npu_device_user_engine_busy_seconds_total{app,engine}` (it falls when one of the app's
+processes ends, which `rate()` takes for a reset).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
 from npumanager.checks import check_int
@@ -30,7 +35,11 @@ from npumanager.telemetry.events import (
     TelemetryEvent,
 )
 
+if TYPE_CHECKING:
+    from npumanager.apps.device_users import DeviceUser
+
 _US_PER_S = 1_000_000
+_NS_PER_S = 1e9
 
 
 def _labels(enum: Any) -> dict[int, str]:
@@ -77,6 +86,9 @@ class PrometheusSink(EventSink):
             registry=r,
         )
         self.busy = Gauge("npu_busy_channels", "Channels running work", ["device"], registry=r)
+        self.device_users: Callable[[], Sequence[DeviceUser]] = tuple
+        """The accelerator's users outside the manager (a daemon's scan), read at each scrape."""
+        r.register(_DeviceUsersCollector(self))
         self._kinds = _labels(EventKind)
         self._starts = _labels(StartReason)
         self._ends = _labels(EndReason)
@@ -163,3 +175,50 @@ class PrometheusSink(EventSink):
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _DeviceUsersCollector:
+    """The device's users outside the manager, summed by app when a scrape asks."""
+
+    def __init__(self, sink: PrometheusSink) -> None:
+        self._sink = sink  # its `device_users` is replaced when the sink is added
+
+    def describe(self) -> list[Metric]:
+        return []  # what a scrape finds varies; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        clients = GaugeMetricFamily(
+            "npu_device_users",
+            "DRM clients of the accelerator held by processes outside the manager",
+            labels=["app"],
+        )
+        resident = GaugeMetricFamily(
+            "npu_device_user_resident_bytes",
+            "Device memory resident for processes outside the manager",
+            labels=["app"],
+        )
+        busy = CounterMetricFamily(
+            "npu_device_user_engine_busy_seconds",
+            "Engine time spent on the work of processes outside the manager",
+            labels=["app", "engine"],
+        )
+        counts: dict[str, int] = {}
+        memory: dict[str, int] = {}
+        engines: dict[tuple[str, str], int] = {}
+        seen: set[tuple[str, int]] = set()
+        for user in self._sink.device_users():
+            app = user.app_id
+            if user.client_id is not None:  # descriptors of one open, in forked processes
+                if (user.node, user.client_id) in seen:
+                    continue
+                seen.add((user.node, user.client_id))
+            counts[app] = counts.get(app, 0) + 1
+            memory[app] = memory.get(app, 0) + user.resident_bytes()
+            for engine, ns in user.engines.items():
+                engines[app, engine] = engines.get((app, engine), 0) + ns
+        for app, count in sorted(counts.items()):
+            clients.add_metric([app], count)
+            resident.add_metric([app], memory[app])
+        for (app, engine), ns in sorted(engines.items()):
+            busy.add_metric([app, engine], ns / _NS_PER_S)
+        yield from (clients, resident, busy)

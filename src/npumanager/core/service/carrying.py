@@ -64,6 +64,8 @@ class Carrying:
         self._pending: list[Action] = []
         self._memory_signal = MEMORY_PRESSURE_NONE
         """The level `Service.set_memory_pressure` gave; the health sources' may be higher."""
+        self.outside_bytes: tuple[int, ...] = ()
+        """Device memory held outside the manager, by device (`count_outside_memory`)."""
 
     def locked(self) -> AbstractContextManager[Any]:
         """The service lock, for the owner's clocks (`clocks`) alone."""
@@ -170,6 +172,37 @@ class Carrying:
         """Read device health; a changed thermal severity goes to the arbiter."""
         for device, severity in self._telemetry.sample_devices():
             self.perform(self._arbiter.set_thermal(self.now_ms, device, severity))
+
+    # Device memory held outside the manager ---------------------------------------------
+
+    def capacities(self) -> list[int]:
+        """Each device's weight memory the arbiter may grant: the driver's, less what is held
+        outside the manager (lock held)."""
+        outside = self.outside_bytes
+        return [
+            max(0, device.weight_memory_bytes - (outside[i] if i < len(outside) else 0))
+            for i, device in enumerate(self._driver.describe_devices())
+        ]
+
+    def count_outside_memory(self, held_bytes: Sequence[int]) -> None:
+        """Memory that processes outside the manager hold on each device (device 0 first;
+        devices not listed hold none): the arbiter grants only what is left, and asks for
+        unloads if what is loaded no longer fits."""
+        if isinstance(held_bytes, str | bytes) or not isinstance(held_bytes, Sequence):
+            raise IllegalArgumentError(
+                f"memory held outside must be a sequence of ints; got {held_bytes!r}"
+            )
+        with self._lock:
+            count = self._driver.device_count
+            if len(held_bytes) > count:
+                raise IllegalArgumentError(
+                    f"memory held outside lists {len(held_bytes)} devices; the driver has {count}"
+                )
+            self.outside_bytes = tuple(
+                check_int(f"memory held outside on device {i}", held, 0, 2**63 - 1)
+                for i, held in enumerate(held_bytes)
+            )
+        self.act(lambda now: self._arbiter.set_capacity(now, self.capacities()))
 
     # Memory pressure and the health sources ----------------------------------------------
 

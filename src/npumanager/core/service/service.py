@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from npumanager.checks import check_int
 from npumanager.core.arbiter.actions import RequestState
@@ -52,6 +52,9 @@ from npumanager.schemas.limits import (
     SYSTEM_UID,
 )
 from npumanager.telemetry import SinkHandle, SinkStats, TelemetryHub
+
+if TYPE_CHECKING:
+    from npumanager.apps.device_users import DeviceUser
 
 __all__ = ["Clock", "EventListener", "Service", "policy_name"]
 
@@ -227,6 +230,12 @@ class Service:
         """A client went away: its requests end and its share is freed."""
         self._state.close_client(manager.client)
 
+    def count_outside_memory(self, held_bytes: Sequence[int]) -> None:
+        """Weight memory that processes outside the manager hold on each device (device 0
+        first): loads are granted only what is left, and background apps are asked to
+        unload if what is loaded no longer fits; ``snapshot()`` shows it by device."""
+        self._state.count_outside_memory(held_bytes)
+
     def set_memory_pressure(self, level: int) -> None:
         """Signal memory pressure: 0 none, 1 moderate, 2 critical (a health source may raise it)."""
         self._state.set_memory_pressure(level)
@@ -279,6 +288,11 @@ class Service:
         """Name the uids that telemetry carries (a daemon: each HAL uid by its app id), for
         sinks that label by app (Prometheus's ``app`` label, Perfetto's tracks)."""
         self._telemetry.hub.uid_names.set(resolve)
+
+    def show_device_users(self, provide: Callable[[], Sequence[DeviceUser]]) -> None:
+        """Give sinks that show the device's other users (Prometheus) `provide`, which
+        returns the processes using the accelerator without the manager (a daemon's scan)."""
+        self._telemetry.hub.device_users.set(provide)
 
     def remove_sink(self, handle: SinkHandle) -> None:
         """Stop sending to a sink: what it still has coming is delivered, then it is closed."""

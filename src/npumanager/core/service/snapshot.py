@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from npumanager.core.arbiter.actions import RequestKey, RequestState
@@ -23,6 +23,7 @@ def build_snapshot(
     callback_errors: int,
     model_devices: Mapping[RequestKey, int] | None = None,
     health: HealthBoard | None = None,
+    outside_bytes: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Policy and parameters, configs by uid (with the importance's name), live requests by
     state (with the device a loaded one's model is on), every device, and the health
@@ -60,7 +61,12 @@ def build_snapshot(
             for config in arbiter.scheduling_configs()
         ],
         "requests": by_state,
-        "devices": [_device(driver, device, health) for device in range(driver.device_count)],
+        "devices": [
+            _device(
+                driver, device, health, outside_bytes[device] if device < len(outside_bytes) else 0
+            )
+            for device in range(driver.device_count)
+        ],
         "sinks": {name: stats._asdict() for name, stats in sinks.items()},
         "memory_pressure": arbiter.memory_pressure,
         "health": health.describe(range(driver.device_count)),
@@ -78,13 +84,14 @@ def _importance_name(uid: int, priority: int) -> str | None:
         return None
 
 
-def _device(driver: Driver, number: int, health: HealthBoard) -> dict[str, Any]:
+def _device(driver: Driver, number: int, health: HealthBoard, outside: int) -> dict[str, Any]:
     status = driver.device_state(number)
     severity = max(status.severity, health.severity(number))
     return {
         "device": number,
         "weight_memory_bytes": status.weight_memory_bytes,
         "weight_memory_used_bytes": status.weight_memory_used_bytes,
+        "weight_memory_outside_bytes": outside,
         "models_loaded": status.models_loaded,
         "queue_depth": status.queue_depth,
         "running": sum(work >= 0 for work in status.running),

@@ -47,8 +47,7 @@ class ServiceState(Carrying):
     def connect(self) -> None:
         """Tell the arbiter the driver's capacities and read the devices once."""
         with self._lock:
-            capacities = [d.weight_memory_bytes for d in self._driver.describe_devices()]
-            self.perform(self._arbiter.set_capacity(self.now_ms, capacities))
+            self.perform(self._arbiter.set_capacity(self.now_ms, self.capacities()))
             self.perform(self._arbiter.connect_driver())
             self.sample_devices()
 
@@ -134,6 +133,7 @@ class ServiceState(Carrying):
                 callback_errors=callback_errors,
                 model_devices=self._records.model_devices(),
                 health=self._telemetry.health,
+                outside_bytes=self.outside_bytes,
             )
 
     def state_of(self, client: int, request_id: int) -> RequestState:

@@ -96,6 +96,8 @@ class Daemon:
         hosts: HostSettings | None = None,
         importance_sources: Sequence[tuple[str, ImportanceSource]] = (),
         device_nodes: Sequence[str] | None = None,
+        count_device_users: bool = False,
+        device_users_root: Path = Path("/"),
     ) -> None:
         self.service = service
         self.socket_path = Path(socket_path)
@@ -131,8 +133,11 @@ class Daemon:
         )
         """Each app's importance: pins, then the sources named here, in order."""
         self.calls = Calls(service, self.post, management_group, self.importance)
-        self.device_users = DeviceUsers(device_nodes, self._host_pids)
-        """Processes using the accelerator without the manager, for `info`."""
+        self.device_users = DeviceUsers(device_nodes, self._host_pids, root=device_users_root)
+        """Processes using the accelerator without the manager, for `info` and metrics."""
+        service.show_device_users(lambda: self.device_users.current().users)
+        self.count_device_users = count_device_users
+        """Their resident memory counts against device 0's capacity."""
         self.inference = inference = InferenceCalls(
             service,
             self.calls,
@@ -193,6 +198,10 @@ class Daemon:
         )
         self._pet_watchdog(time.monotonic())
         self.importance.start(self.post)
+        if self.count_device_users:
+            self.device_users.count_against(
+                lambda held: self.post(lambda: self.service.count_outside_memory([held]))
+            )
         self.leadership.run(self._loop_turn, self._shutdown)
 
     def _loop_turn(self) -> bool:
@@ -435,6 +444,7 @@ class Daemon:
         """Complete every live request, tell the clients within a bound, close everything."""
         self.notifier.notify("STOPPING=1", "STATUS=completing live requests")
         self.importance.close()
+        self.device_users.close()
         dropped, running = self.inference.close()
         self.abandoned_load = running
         if dropped or running:
