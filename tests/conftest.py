@@ -383,3 +383,57 @@ def start_onnxruntime(daemon: Daemons) -> Iterator[Callable[..., DaemonProcess]]
         if process.alive:
             assert process.stop() == 0, process.log()
         assert "Traceback" not in process.log(), process.log()
+
+
+# The quick subset ------------------------------------------------------------------------
+
+SLOW_MODULES = frozenset(
+    {
+        "test_arbiter_stateful",
+        "test_benchmarks_report",
+        "test_cli",
+        "test_conformance",
+        "test_conformance_acme",
+        "test_conformance_vts",
+        "test_daemon",
+        "test_daemon_attacks",
+        "test_daemon_fuzz",
+        "test_daemon_inference",
+        "test_daemon_lanes",
+        "test_daemon_load",
+        "test_daemon_loader",
+        "test_demo",
+        "test_differential",
+        "test_docs_edges",
+        "test_docs_first_hour",
+        "test_docs_site",
+        "test_first_hour_console",
+        "test_health_cli",
+        "test_health_daemon",
+        "test_model_hosts",
+        "test_onnxruntime_driver",
+        "test_openvino_driver",
+        "test_plugin_unavailable",
+        "test_policies_differential",
+        "test_real_demo",
+        "test_real_inference_client",
+        "test_realexec_inline",
+        "test_realexec_races",
+        "test_restart_preemption",
+        "test_rough_edges",
+        "test_shared_cores",
+        "test_simulate",
+        "test_systemd",
+        "test_units_hardening",
+        "test_vnpu",
+    }
+)
+"""Modules whose tests start daemons, console scripts, real inference, benchmarks or long
+hypothesis runs: every test in them is `slow`, and `-m "not slow"` leaves them out."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `slow` every test of a module in `SLOW_MODULES`."""
+    for item in items:
+        if item.path.stem in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
