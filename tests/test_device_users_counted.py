@@ -15,12 +15,12 @@ import pytest
 import npumanager as npu
 from helpers.daemon_support import Daemons
 from helpers.proc_trees import descriptor, device_node, process
+from helpers.service_apps import WAIT_S, App, background_app, wait_for
 from npumanager.apps.device_users import DeviceUser
 from npumanager.core.service.service import Service
 from npumanager.daemon.client.client import DaemonClient
 from npumanager.daemon.server.device_users import DeviceUsers
 from npumanager.errors import IllegalArgumentError
-from test_health_service import WAIT_S, App, background_app, wait_for
 
 pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-import npumanager as npu
 from helpers import health_trees as tree
+from helpers.service_apps import WAIT_S, background_app, wait_for
 from npumanager.core.plugins.health import HealthBoard
 from npumanager.core.service.service import Service
 from npumanager.errors import IllegalArgumentError, UnknownPluginError
@@ -22,8 +22,6 @@ from npumanager.plugins.sinks import MemorySink
 from npumanager.schemas import HealthSample, ThermalReading, ThermalSeverity, UnloadReason
 from npumanager.telemetry import DeviceSample
 from npumanager.telemetry.records import to_json_line, to_record
-
-WAIT_S = 20
 
 
 class Source:
@@ -52,48 +50,6 @@ def hot(severity: ThermalSeverity, device: int | None = None) -> HealthSample:
             ThermalReading(name="soc", device=device, temperature_mc=90_000, severity=severity),
         )
     )
-
-
-class App(npu.ModelLoadRequestCallback):
-    def __init__(self, manager: npu.NpuManager) -> None:
-        self.manager = manager
-        self.loaded = threading.Event()
-        self.unloaded = threading.Event()
-        self.reason: UnloadReason | None = None
-
-    def on_can_load_model(self, request: Any, status: Any, listener: Any) -> None:
-        if status == npu.NPU_MODEL_LOAD_STATUS_CAN_LOAD_NOW and not self.loaded.is_set():
-            self.manager.load_model(request, weight_bytes=1 << 20)
-            listener.notify_model_loaded(request)
-            self.loaded.set()
-
-    def on_request_unload_model(self, request: Any, reason: Any = None) -> None:
-        self.reason = reason
-        self.manager.listener.notify_model_unloaded(request)
-        self.unloaded.set()
-
-
-def background_app(service: Service, uid: int = 10_200) -> App:
-    service.set_uid_importance(uid, npu.IMPORTANCE_CACHED)
-    app = App(service.manager(uid, uses_feature=True))
-    request = (
-        npu.ModelLoadRequest.Builder(1)
-        .set_size(npu.NPU_MODEL_SIZE_LESS_THAN_1GB)
-        .set_priority(npu.NPU_MODEL_PRIORITY_BACKGROUND)
-        .build()
-    )
-    app.manager.request_can_load_model(request, app)
-    assert app.loaded.wait(WAIT_S)
-    return app
-
-
-def wait_for(predicate: Any) -> None:
-    done = threading.Event()
-    for _ in range(WAIT_S * 100):
-        if predicate():
-            return
-        done.wait(0.01)
-    raise AssertionError("the condition never held")
 
 
 def test_a_sources_thermal_spike_asks_a_background_app_to_unload(tmp_path: Path) -> None:
