@@ -144,9 +144,12 @@ def check_progress(stderr: str) -> None:
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_json_holds_every_target_beside_its_figure_and_progress_is_on_stderr(
+def test_json_holds_every_target_beside_its_figure_and_its_table_shows_them(
     script: str,
 ) -> None:
+    """One quick run of each script, as JSON; its table is made from the same figures and
+    targets as the script would print it (`print_report` without `--json`), so each script
+    runs once, not twice (one real table run follows)."""
     result = quick(script, "--json")
     printed: dict[str, Any] = json.loads(result.stdout)  # one object: no progress in it
     targets = printed["targets"]
@@ -159,18 +162,34 @@ def test_json_holds_every_target_beside_its_figure_and_progress_is_on_stderr(
         else:
             assert isinstance(judged["met"], bool), figure
     check_progress(result.stderr)
+    figures = {key: value for key, value in printed.items() if key != "targets"}
+    check_table(report.table(figures, [target_of(f, j) for f, j in targets.items()]))
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_the_table_shows_each_target_and_verdict_on_its_figures_row(script: str) -> None:
-    result = quick(script)
-    rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:-1]}
-    summary = result.stdout.splitlines()[-1]
-    assert re.fullmatch(r"targets: \d+ met, \d+ missed(, \d+ not measured)?", summary)
+def target_of(figure: str, judged: dict[str, Any]) -> Any:
+    """The `Target` a JSON report's entry was printed from (`<= 50`, `45..55`)."""
+    text = judged["target"].replace(",", "")
+    if ".." in text:
+        low, high = text.split("..")
+        return report.Target(figure, "within", float(low), float(high), why=judged["why"])
+    op, bound = text.split(" ")
+    return report.Target(figure, op, float(bound), why=judged["why"])
+
+
+def check_table(text: str) -> None:
+    """Every judged row shows its target and verdict, and the summary counts them."""
+    lines = text.splitlines()
+    rows = {line.split()[0]: line for line in lines[1:-1]}
+    assert re.fullmatch(r"targets: \d+ met, \d+ missed(, \d+ not measured)?", lines[-1])
     judged = [row for row in rows.values() if row.endswith(("met", "MISSED", "not measured"))]
     assert judged
     for row in judged:
         assert re.search(r"  (<=|<|>=|>) [\d,.]+  |  [\d.]+\.\.[\d.]+  ", row), row
+
+
+def test_a_script_without_json_prints_the_table() -> None:
+    result = quick("admission")
+    check_table(result.stdout)
     check_progress(result.stderr)
 
 
