@@ -405,6 +405,7 @@ SLOW_MODULES = frozenset(
         "test_daemon_load",
         "test_daemon_loader",
         "test_demo",
+        "test_device_users_counted",
         "test_differential",
         "test_docs_edges",
         "test_docs_first_hour",

@@ -44,6 +44,7 @@ from npumanager.daemon.server.binding import Binding, bind, raise_descriptor_lim
 from npumanager.daemon.server.calls import Calls
 from npumanager.daemon.server.connection import Connection
 from npumanager.daemon.server.device_users import DeviceUsers
+from npumanager.daemon.server.document import describe_daemon
 from npumanager.daemon.server.frames import FrameHandler
 from npumanager.daemon.server.hosting import Hosting
 from npumanager.daemon.server.importance import AppImportance
@@ -58,7 +59,6 @@ from npumanager.daemon.server.transport import Transport
 from npumanager.schemas.limits import (
     HELLO_TIMEOUT_S,
     MANAGEMENT_RESERVE_FDS,
-    PROTOCOL_VERSION,
 )
 
 log = logging.getLogger(__name__)
@@ -394,42 +394,7 @@ class Daemon:
 
     def describe(self) -> dict[str, Any]:
         """The service's snapshot with the daemon's own: socket, counters, limits, clients."""
-        document = self.service.snapshot()
-        hosting = self.inference.hosting
-        document["daemon"] = {
-            "pid": os.getpid(),
-            "socket": str(self.socket_path),
-            "protocol_version": PROTOCOL_VERSION,
-            "connections": len(self.transport.connections),
-            "max_connections": self.max_connections,
-            "buffered_bytes": self.transport.buffered,
-            "limits": vars(self.limits),
-            "suppressed_log_lines": self._log.suppressed,
-            "info_snapshots": self._info.renewals,
-            "model_loads": self.inference.load_counts(),
-            "model_hosts": None if hosting is None else hosting.describe(),
-            **self.stats.as_dict(),
-        }
-        document["apps"] = [self.importance.describe(app) for app in self.apps.apps() if app.pids]
-        document["device_users"] = self.device_users.describe()
-        document["clients"] = [
-            {
-                "client": c.manager.client,
-                "uid": c.peer.uid,
-                "app_id": c.app.app_id if c.app is not None else None,
-                "hal_uid": c.manager.uid,
-                "pid": c.peer.pid,
-                "requests": self.service.backend.holdings(c.manager)[0],
-                "models": self.service.backend.holdings(c.manager)[1],
-                "shared_bytes": c.segment.size if c.segment is not None else 0,
-                "inferences": len(c.inferences),
-                "loads": self.inference.loads_of(c),
-                "host_pid": getattr(c.host, "pid", None),
-            }
-            for c in self.transport.connections.values()
-            if c.manager is not None
-        ]
-        return document
+        return describe_daemon(self, self._log.suppressed, self._info.renewals)
 
     def _host_pids(self) -> list[int]:
         return [
