@@ -7,7 +7,10 @@ depending on a driver.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from npumanager.errors import IllegalArgumentError, UnknownDeviceError
 from npumanager.schemas import NpuUuid
@@ -15,6 +18,9 @@ from npumanager.schemas.limits import INT32_MAX
 
 GroupId = NpuUuid | uuid.UUID | bytes | str
 """The forms a work item's group id may be given in."""
+
+
+Options = TypeVar("Options", bound=BaseModel)
 
 
 def check_int(name: str, value: Any, low: int, high: int) -> int:
@@ -55,3 +61,28 @@ def group_bytes(group_id: GroupId | None) -> bytes | None:
     raise IllegalArgumentError(
         f"group_id must be an NpuUuid, a uuid.UUID, 16 bytes or a UUID string; got {group_id!r}"
     )
+
+
+def validate_options(what: str, model: type[Options], options: Mapping[str, Any]) -> Options:
+    """``options`` as ``model``, or `~npumanager.IllegalArgumentError` of one line: the unknown
+    options and the allowed ones, or each bad value and why."""
+    allowed = list(model.model_fields)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise IllegalArgumentError(
+            f"{what}: unknown option {', '.join(map(repr, unknown))}; allowed: "
+            f"{', '.join(allowed) or 'none'}"
+        )
+    try:
+        return model.model_validate(dict(options))
+    except ValidationError as exc:
+        detail = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'options'}: {_reason(e)}" for e in exc.errors()
+        )
+        raise IllegalArgumentError(f"{what}: {detail}") from None
+
+
+def _reason(error: Any) -> str:
+    """A validation error's reason: a validator's own message as it raised it."""
+    raised = error.get("ctx", {}).get("error")
+    return str(raised) if isinstance(raised, ValueError) else str(error["msg"])

@@ -14,8 +14,9 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, BeforeValidator, ValidationError
+from pydantic import BeforeValidator
 
+from npumanager.checks import validate_options
 from npumanager.core.plugins.registry import PluginRegistry
 from npumanager.errors import IllegalArgumentError, NpuManagerError
 from npumanager.schemas import Importance, ImportanceSourceRecord
@@ -125,31 +126,6 @@ def _make(record: ImportanceSourceRecord, options: dict[str, Any]) -> Any:
     if model is None:
         return record.factory(**options)
     return record.factory(validate_options(f"importance source {record.name!r}", model, options))
-
-
-def validate_options(what: str, model: type[BaseModel], options: Mapping[str, Any]) -> BaseModel:
-    """``options`` as ``model``, or `~npumanager.IllegalArgumentError` of one line: the unknown
-    options and the allowed ones, or each bad value and why."""
-    allowed = list(model.model_fields)
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise IllegalArgumentError(
-            f"{what}: unknown option {', '.join(map(repr, unknown))}; allowed: "
-            f"{', '.join(allowed) or 'none'}"
-        )
-    try:
-        return model.model_validate(dict(options))
-    except ValidationError as exc:
-        detail = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'options'}: {_reason(e)}" for e in exc.errors()
-        )
-        raise IllegalArgumentError(f"{what}: {detail}") from None
-
-
-def _reason(error: Any) -> str:
-    """A validation error's reason: a validator's own message as it raised it."""
-    raised = error.get("ctx", {}).get("error")
-    return str(raised) if isinstance(raised, ValueError) else str(error["msg"])
 
 
 class Opinions:

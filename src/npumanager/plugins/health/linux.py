@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from npumanager.errors import IllegalArgumentError
+from npumanager.checks import validate_options
 from npumanager.plugins.health import accel, thermal
 from npumanager.plugins.health.files import Files
 from npumanager.plugins.health.psi import Memory, PsiLevels
@@ -110,20 +110,7 @@ class LinuxOptions(BaseModel):
 
 def options_of(options: Mapping[str, Any]) -> LinuxOptions:
     """The options validated, or `IllegalArgumentError` naming the problem and the allowed ones."""
-    allowed = ", ".join(LinuxOptions.model_fields)
-    unknown = sorted(set(options) - set(LinuxOptions.model_fields))
-    if unknown:
-        raise IllegalArgumentError(
-            f"health source 'linux': unknown option {', '.join(map(repr, unknown))}; "
-            f"allowed: {allowed}"
-        )
-    try:
-        return LinuxOptions.model_validate(dict(options))
-    except ValidationError as exc:
-        detail = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in exc.errors()
-        )
-        raise IllegalArgumentError(f"health source 'linux': {detail}") from None
+    return validate_options("health source 'linux'", LinuxOptions, options)
 
 
 class LinuxHealth:

@@ -1,7 +1,7 @@
 """The built-in importance sources' options, validated before a source is built; light to
 import, so that registering the sources costs nothing until one is used.
 
-Each model forbids unknown options; `npumanager.core.plugins.importance.validate_options`
+Each model forbids unknown options; `npumanager.checks.validate_options`
 turns a refusal into one line naming the allowed ones.
 """
 
