@@ -13,6 +13,7 @@ from npumanager.testing.base import lifecycle
 from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver
 
 FOREGROUND, BACKGROUND = 10, 11
+TRIES = 5
 
 
 def _rank(d: OnnxRuntimeDriver) -> None:
@@ -81,18 +82,27 @@ def test_without_shared_cores_background_work_runs_beside_foreground_work() -> N
 
 @pytest.mark.parametrize("floor", [0, 10])
 def test_background_work_owed_its_floor_share_runs_beside_foreground_work(floor: int) -> None:
+    """The premise is an event, not a speed: the background job comes while at least two of
+    the flood's jobs still wait (a busy machine may run the test thread late; that try is
+    then done again)."""
     spec = {"channels": 2, "floor_percent": floor}
-    with OnnxRuntimeDriver(devices=[spec], shared_cores=True) as d:
-        _rank(d)
-        model = d.load_timed_model()
-        flood = [
-            d.submit_future(model, Job(FOREGROUND), d.timed_inputs(model, 15)).work_id
-            for _ in range(12)
-        ]
-        d.run_until_idle(max_us=5000)
-        background = d.submit_future(model, Job(BACKGROUND), d.timed_inputs(model, 5))
-        d.run_until_idle()
-        ended = [e.id for e in d.take_events() if e.kind == EventKind.ENDED]
+    for _ in range(TRIES):
+        with OnnxRuntimeDriver(devices=[spec], shared_cores=True) as d:
+            _rank(d)
+            model = d.load_timed_model()
+            flood = [
+                d.submit_future(model, Job(FOREGROUND), d.timed_inputs(model, 20)).work_id
+                for _ in range(12)
+            ]
+            d.run_until_idle(max_us=5000)
+            background = d.submit_future(model, Job(BACKGROUND), d.timed_inputs(model, 5))
+            waiting = d.device_state(0).queue_depth  # the background job and the flood's left
+            d.run_until_idle()
+            ended = [e.id for e in d.take_events() if e.kind == EventKind.ENDED]
+        if waiting >= 3:
+            break
+    else:
+        pytest.fail(f"in {TRIES} tries the flood never still waited when the background came")
     if floor:
         assert ended.index(background.work_id) < ended.index(flood[-1]), "owed: it ran"
     else:
