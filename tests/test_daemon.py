@@ -31,6 +31,7 @@ from helpers.daemon_support import (
     MANAGEMENT_GID,
     OUTSIDER_UID,
     SOCKET_GID,
+    WAIT_S,
     Child,
     DaemonProcess,
     Daemons,
@@ -81,7 +82,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "npumanager", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=WAIT_S,
         check=False,
     )
 
@@ -232,7 +233,7 @@ def test_killed_client_frees_its_share_for_the_next(start: Callable[..., DaemonP
     assert holder.event("decision", 1)["status"] == CAN_LOAD_NOW
     holder.ok("load", id=1, weight_bytes=1 << 20)
     waiter.ok("request", id=1)
-    waiter.expect(lambda m: m.get("event") == "decision", timeout=10)
+    waiter.expect(lambda m: m.get("event") == "decision")
     with pytest.raises(AssertionError):
         waiter.expect(lambda m: m.get("status") == CAN_LOAD_NOW, timeout=0.3)
 
@@ -272,7 +273,7 @@ def test_killed_clients_work_ends_cancelled_system(socket_dir: Path) -> None:
         assert snapshot["daemon"]["deaths"] == 1
 
 
-def _wait(condition: Callable[[], bool], timeout: float = 10) -> None:
+def _wait(condition: Callable[[], bool], timeout: float = WAIT_S) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -315,7 +316,7 @@ def test_refuses_a_second_daemon_and_replaces_a_stale_socket(socket_dir: Path) -
             serve_command(path),
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=WAIT_S,
             check=False,
         )
         assert second.returncode == 2
@@ -331,7 +332,7 @@ def test_refuses_a_path_that_is_not_a_socket(socket_dir: Path) -> None:
     path = socket_dir / "npu.sock"
     path.write_text("not a socket")
     result = subprocess.run(
-        serve_command(path), capture_output=True, text=True, timeout=60, check=False
+        serve_command(path), capture_output=True, text=True, timeout=WAIT_S, check=False
     )
     assert result.returncode == 2
     assert "is not a socket" in result.stderr and "Traceback" not in result.stderr
@@ -405,7 +406,7 @@ def test_out_of_descriptors_the_daemon_pauses_accepting_instead_of_spinning(
         for sock in socks[:60]:
             sock.close()
         last = socks[-1]
-        last.settimeout(10)
+        last.settimeout(WAIT_S)
         (size,) = struct.unpack(">I", last.recv(4))
         assert json.loads(last.recv(size))["op"] == "welcome"  # accepted once fds came back
         for sock in socks[60:]:
@@ -414,7 +415,7 @@ def test_out_of_descriptors_the_daemon_pauses_accepting_instead_of_spinning(
             assert admin.info()["daemon"]["accept_pauses"] >= 1
     finally:
         process.send_signal(signal.SIGTERM)
-        assert process.wait(20) == 0, daemon_log.read_text()
+        assert process.wait(WAIT_S) == 0, daemon_log.read_text()
         log.close()
 
 
@@ -424,7 +425,7 @@ def test_a_connection_that_never_says_hello_is_closed(socket_dir: Path) -> None:
         polite = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         polite.connect(str(daemon.socket_path))
         polite.sendall(HELLO)
-        replies = _raw_exchange(daemon.socket_path, [], timeout=10)
+        replies = _raw_exchange(daemon.socket_path, [])
         assert replies == [
             {
                 "op": "error",
@@ -466,7 +467,7 @@ def test_cli_verbs_against_a_running_daemon(start: Callable[..., DaemonProcess])
             decided.set()
 
     manager.request_can_load_model(npu.ModelLoadRequest.Builder(3).set_size(1).build(), App())
-    assert decided.wait(10)
+    assert decided.wait(WAIT_S)
 
     document = json.loads(run_cli("info", "--socket", sock, "--json").stdout)
     assert document["policy"] == {
@@ -501,7 +502,7 @@ def test_serve_sends_telemetry_to_its_sinks(
 
         request = npu.ModelLoadRequest.Builder(11).build()
         manager.request_can_load_model(request, App())
-        assert decided.wait(10)
+        assert decided.wait(WAIT_S)
         manager.cancel_model_load(request)
         _wait(lambda: json.loads(run_cli("info", "--socket", str(daemon.socket), "--json").stdout)[
             "sinks"]["memory"]["delivered"] >= 3)  # fmt: skip
@@ -528,7 +529,7 @@ def test_serve_rejects_a_bad_sink_in_one_line(socket_dir: Path, spec: str) -> No
         [*serve_command(path), "--sink", spec],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=WAIT_S,
         check=False,
     )
     assert result.returncode == 2, result.stderr
@@ -582,7 +583,7 @@ def _frame(body: object) -> bytes:
 
 
 def _raw_exchange(
-    path: Path, frames: list[bytes], timeout: float = 10, expect: int | None = None
+    path: Path, frames: list[bytes], timeout: float = WAIT_S, expect: int | None = None
 ) -> list[dict[str, object]]:
     """Send raw frames on a fresh connection; the daemon's frames until it closes, or until
     `expect` of them came (then this side closes)."""
@@ -715,7 +716,7 @@ def _mute_daemon(path: Path) -> Iterator[Path]:
     try:
         yield path
     finally:
-        thread.join(10)
+        thread.join(WAIT_S)
         listener.close()
 
 
@@ -746,7 +747,7 @@ def test_info_shows_importance_names_and_the_device_of_a_loaded_model(
             loaded.set()
 
     manager.request_can_load_model(npu.ModelLoadRequest.Builder(4).set_size(0).build(), App())
-    assert loaded.wait(10)
+    assert loaded.wait(WAIT_S)
     _wait(
         lambda: json.loads(run_cli("info", "--socket", sock, "--json").stdout)["requests"]["loaded"]
     )
@@ -795,7 +796,7 @@ def test_a_sigterm_that_lands_on_any_thread_stops_an_idle_daemon(daemon: Daemons
     assert others, "the daemon runs threads besides its main one"
     _signal_thread(pid, others[0], signal.SIGTERM)
     try:
-        code = served.process.wait(30)  # a hang guard: it exits at once or never
+        code = served.process.wait(WAIT_S)  # a hang guard: it exits at once or never
     except subprocess.TimeoutExpired:
         served.process.kill()
         raise AssertionError("SIGTERM on a thread other than the main one was ignored") from None

@@ -32,6 +32,7 @@ from helpers.daemon_support import (
     BACKGROUND_UID,
     FOREGROUND_UID,
     SOCKET_GID,
+    WAIT_S,
     Child,
     DaemonProcess,
     Daemons,
@@ -67,7 +68,7 @@ class Attacker:
         uid: int = ATTACK_UID,
         gid: int | None = None,
         per: int = 1,
-        timeout: float = 120,
+        timeout: float = WAIT_S,
     ) -> None:
         self.process = subprocess.Popen(
             [
@@ -95,7 +96,7 @@ class Attacker:
             assert self.process.stdin is not None
             self.process.stdin.write("exit\n")
             self.process.stdin.flush()
-            self.process.wait(30)
+            self.process.wait(WAIT_S)
 
 
 def _readline(stream: Any, timeout: float) -> str:
@@ -170,7 +171,7 @@ def _settled(daemon: DaemonProcess) -> int:
     return daemon.open_descriptors()
 
 
-def wait_for(check: Callable[[], bool], timeout: float = 15) -> bool:
+def wait_for(check: Callable[[], bool], timeout: float = WAIT_S) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
@@ -315,7 +316,7 @@ def test_an_idle_connection_is_closed_after_the_idle_timeout(
     apps.append(busy)
     busy.ok("request", id=1)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle:
-        idle.settimeout(10)
+        idle.settimeout(WAIT_S)
         idle.connect(str(daemon.socket))
         idle.sendall(encode(HELLO))
         frames = _read_until_closed(idle)
@@ -404,11 +405,11 @@ def test_a_dropped_connection_is_freed_at_once_without_the_garbage_collector(
             assert wait_for(lambda: len(daemon.connections) == 1)
             connection = weakref.ref(next(iter(daemon.connections.values())))
         assert wait_for(lambda: not daemon.connections)
-        assert wait_for(lambda: connection() is None, timeout=2), gc.get_referrers(connection())
+        assert wait_for(lambda: connection() is None), gc.get_referrers(connection())
     finally:
         gc.enable()
         daemon.stop()
-        thread.join(20)
+        thread.join(WAIT_S)
 
 
 # 7 and 8. Info at any size, and floods of it ---------------------------------------------
@@ -421,7 +422,7 @@ def test_info_stays_useful_past_eight_thousand_live_requests(
     attack(attackers, daemon, "requests", 9000)
     command = [sys.executable, "-m", "npumanager", "info", "--socket", str(daemon.socket)]
     shown = subprocess.run(
-        [*command, "--json"], check=False, capture_output=True, text=True, timeout=60
+        [*command, "--json"], check=False, capture_output=True, text=True, timeout=WAIT_S
     )
     assert shown.returncode == 0, shown.stderr
     document = json.loads(shown.stdout)
@@ -432,12 +433,12 @@ def test_info_stays_useful_past_eight_thousand_live_requests(
         check=False,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=WAIT_S,
     )
     assert [r["id"] for r in json.loads(paged.stdout)["requests"]["granted"]] == list(
         range(8900, 9000)
     )
-    text = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60)
+    text = subprocess.run(command, check=False, capture_output=True, text=True, timeout=WAIT_S)
     assert "9000 live requests in all: 9000 granted" in text.stdout, text.stdout
 
 
@@ -465,7 +466,7 @@ def test_shutdown_takes_a_bounded_time_whatever_the_clients_do(
     # The daemon hands out its last frames for SHUTDOWN_FLUSH_S in all, then closes: it ends
     # while all 30 still hold their connections and have read nothing. Waiting for them
     # would never end; the stop's timeout only bounds that hang.
-    assert daemon.stop(timeout=30) == 0, daemon.log()
+    assert daemon.stop() == 0, daemon.log()
     assert no_read.process.poll() is None, "the clients still hold their connections"
 
 
@@ -480,7 +481,7 @@ def _serve_once(
         check=False,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=WAIT_S,
     )
 
 
@@ -604,14 +605,14 @@ def test_a_file_only_the_daemon_can_read_named_as_external_data_is_never_read(
     apps.append(thief)
     thief.ok("request", id=1, size=0)
     assert thief.event("decision", 1)["status"] == CAN_LOAD_NOW
-    loaded = thief.send("real_load", id=1, path=str(model), as_bytes=True, timeout=60)
+    loaded = thief.send("real_load", id=1, path=str(model), as_bytes=True)
     if "error" not in loaded:  # the hole: show what leaked
-        leaked = thief.send("real_run", id=1, rows=1, width=WIDTH, value=0.0, timeout=60)
+        leaked = thief.send("real_run", id=1, rows=1, width=WIDTH, value=0.0)
         raise AssertionError(f"a model naming secret.bin was loaded and ran: {leaked}")
     assert loaded["error"] == "IllegalArgumentError", loaded
     assert "'secret.bin', which did not come with the model" in loaded["message"]
     # by path, the client opens the weights file beside the model itself, as its own uid
-    by_path = thief.send("real_load", id=1, path=str(model), timeout=60)
+    by_path = thief.send("real_load", id=1, path=str(model))
     assert by_path.get("error") == "IllegalArgumentError", by_path
     assert "cannot open the model's weights file" in by_path["message"]
     assert "Permission denied" in by_path["message"]
@@ -633,7 +634,7 @@ def test_weights_in_constant_nodes_count_against_the_grant(
     hoarder.ok("request", id=1, size=0, weight_bytes=1024)
     assert hoarder.event("decision", 1)["status"] == CAN_LOAD_NOW
     for _ in range(3):
-        reply = hoarder.send("real_load", id=1, path=str(model), timeout=60)
+        reply = hoarder.send("real_load", id=1, path=str(model))
         assert reply.get("error") == "CapacityError", reply
         assert f"hold {32 * MIB + 16} bytes, more than the 1024 its grant" in reply["message"]
     device = admin_info(daemon)["devices"][0]
@@ -737,7 +738,7 @@ def test_sigterm_drops_queued_loads_and_does_not_wait_for_the_one_in_progress(
     assert "1 queued model load dropped; the load in progress is not waited for" in daemon.log()
     assert not daemon.socket.exists() and not list(socket_dir.glob("*.lock"))
     for child in apps:
-        reply = child.expect(lambda m: m.get("reply") == "real_load", timeout=60)
+        reply = child.expect(lambda m: m.get("reply") == "real_load")
         assert reply.get("error") == "DaemonUnavailableError", reply
 
 
@@ -757,7 +758,7 @@ def test_a_dead_clients_queued_load_is_dropped_at_once(
         )
     fds = daemon.open_descriptors()
     waiting.kill9()
-    assert wait_for(lambda: admin_info(daemon)["daemon"]["loads_dropped"] == 1, timeout=60)
+    assert wait_for(lambda: admin_info(daemon)["daemon"]["loads_dropped"] == 1)
     assert daemon.open_descriptors() < fds, "its connection and its model's descriptor closed"
     reply = opening.expect(lambda m: m.get("reply") == "real_load", timeout=120)
     assert "error" not in reply, reply
@@ -775,7 +776,7 @@ def test_a_descriptor_that_cannot_be_read_is_the_clients_error_and_logs_nothing(
     daemon = serve("--driver", "onnxruntime")
     with npu.DaemonClient(daemon.socket, uses_feature=True) as client:
         request = npu.ModelLoadRequest.Builder(1).set_size(0).build()
-        with client.manager().reserve(request, timeout_s=30):
+        with client.manager().reserve(request, timeout_s=WAIT_S):
             for _ in range(50):
                 fd = os.open(model_file, os.O_PATH)
                 try:

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import npumanager as npu
-from helpers.daemon_support import DaemonProcess, Daemons
+from helpers.daemon_support import WAIT_S, DaemonProcess, Daemons
 from npumanager.schemas.limits import PROTOCOL_VERSION
 
 OPS = [
@@ -122,7 +122,7 @@ def _send_and_close(path: Path, payload: bytes) -> None:
 
 def _check_consistent(daemon: DaemonProcess) -> None:
     assert daemon.alive, daemon.log()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + WAIT_S
     with npu.DaemonClient(daemon.socket) as admin:
         while True:
             info = admin.info()

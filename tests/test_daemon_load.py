@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import npumanager as npu
-from helpers.daemon_support import LOAD_WORKER, SOCKET_GID, DaemonProcess, Daemons
+from helpers.daemon_support import LOAD_WORKER, SOCKET_GID, WAIT_S, DaemonProcess, Daemons
 
 PROCESSES = 8
 CLIENTS_PER_PROCESS = 25
@@ -116,7 +116,7 @@ def test_two_hundred_clients_hundred_thousand_cycles(daemon: Daemons) -> None:
         summaries.append(json.loads(out.strip().splitlines()[-1]))
     elapsed = time.monotonic() - started
     monitor.stop_event.set()
-    monitor.join(10)
+    monitor.join(WAIT_S)
 
     violations = [v for s in summaries for v in s["violations"]]
     assert not violations, violations[:10]

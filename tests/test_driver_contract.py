@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from helpers.daemon_support import WAIT_S
 from npumanager import (
     Driver,
     DriverBase,
@@ -206,9 +207,9 @@ def test_a_real_time_service_runs_on_it_polling_a_driver_with_no_file_descriptor
         assert app.backend is svc.backend
         loads = Loads(app)
         app.request_can_load_model(ModelLoadRequest.Builder(1).build(), loads)
-        assert loads.granted.wait(5)
+        assert loads.granted.wait(WAIT_S)
         work = loads.models[0].submit(1_000_000)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + WAIT_S
         while not ended and time.monotonic() < deadline:
             time.sleep(0.01)
         assert [(e.id, e.reason) for e in ended] == [(work, EndReason.COMPLETED)]

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import npumanager as npu
-from helpers.daemon_support import DaemonProcess, open_socket_dir
+from helpers.daemon_support import WAIT_S, DaemonProcess, open_socket_dir
 
 SCRIPT = str(Path(sys.executable).with_name("npu-manager"))
 TESTS = Path(__file__).resolve().parent
@@ -176,7 +176,7 @@ def test_set_importance_and_info_name_importances_and_the_device_of_a_loaded_mod
                 loaded.set()
 
         manager.request_can_load_model(npu.ModelLoadRequest.Builder(4).set_size(0).build(), App())
-        assert loaded.wait(10)
+        assert loaded.wait(WAIT_S)
         document = json.loads(console("info", "--socket", sock, "--json").stdout)
         (request,) = document["requests"]["loaded"]
         assert request["device"] == 0

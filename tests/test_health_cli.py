@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from helpers import health_trees as tree
+from helpers.daemon_support import WAIT_S
 from npumanager.cli.program import main
 from npumanager.cli.serve import health_specs
 from npumanager.core.plugins.registry import load_plugins
@@ -87,7 +88,7 @@ def test_health_json_reports_this_machines_real_psi() -> None:
         [sys.executable, "-m", "npumanager", "health", "--json"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=WAIT_S,
         check=True,
     )
     doc = json.loads(done.stdout)
@@ -113,7 +114,7 @@ def test_watch_prints_each_new_reading_until_interrupted(tmp_path: Path) -> None
             if json.loads(line)["severity"] == {"0": "CRITICAL"}:
                 break
         process.send_signal(signal.SIGINT)
-        process.communicate(timeout=30)  # reading on: a full pipe would block its writes
+        process.communicate(timeout=WAIT_S)  # reading on: a full pipe would block its writes
         assert process.returncode == 0
     finally:
         process.kill()
@@ -168,7 +169,7 @@ def test_serve_rejects_a_bad_health_source_in_one_line(
         [sys.executable, "-m", "npumanager", "serve", "--socket", str(tmp_path / "s"), *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=WAIT_S,
         check=False,
     )
     assert done.returncode == 2

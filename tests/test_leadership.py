@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+from helpers.daemon_support import WAIT_S
 from npumanager.daemon.server.leadership import Leadership
 
 
@@ -19,15 +20,14 @@ def test_a_deferred_job_runs_while_the_standby_leads_and_shutdown_runs_once() ->
     def job() -> None:
         job_thread.append(threading.get_ident())
         job_running.set()
-        assert turns_during_job.wait(10), "no turn ran while the job did"
+        assert turns_during_job.wait(WAIT_S), "no turn ran while the job did"
 
     def turn() -> bool:
         turns[0] += 1
         turn_threads.append(threading.get_ident())
         if turns[0] == 1:
-            for _ in range(500):  # the standby thread may not be waiting yet
-                if lead.can_defer():
-                    break
+            deadline = time.monotonic() + WAIT_S  # the standby thread may not be waiting yet
+            while not lead.can_defer() and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert lead.can_defer()
             lead.defer(job)

@@ -20,6 +20,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import npumanager as npu  # noqa: E402
+from helpers.daemon_support import WAIT_S  # noqa: E402
 from helpers.onnx_builders import (  # noqa: E402
     WIDTH,
     constant_floats_model,
@@ -155,7 +156,7 @@ def ort_driver() -> Iterator[OnnxRuntimeDriver]:
 
 
 def run(driver: OnnxRuntimeDriver, handle: int) -> np.ndarray:
-    outputs = driver.submit_future(handle, Job(1), {"x": ROW}).result(60)
+    outputs = driver.submit_future(handle, Job(1), {"x": ROW}).result(WAIT_S)
     return np.asarray(outputs[0])[0]
 
 
@@ -242,7 +243,7 @@ def test_a_declared_grant_bounds_a_constant_node_model_in_the_service() -> None:
     try:
         app = service.manager(10123, uses_feature=True)
         request = npu.ModelLoadRequest.Builder(1).set_size(0).build()
-        with app.reserve(request, timeout_s=10, weight_bytes=1024) as lease:
+        with app.reserve(request, timeout_s=WAIT_S, weight_bytes=1024) as lease:
             with pytest.raises(CapacityError, match="more than the 1024 its grant allows"):
                 lease.load_model(model=constant_model(1 << 16))
             model = lease.load_model(model=initializer_model())
@@ -269,7 +270,7 @@ def test_an_ir_is_counted_from_its_xml_and_its_bin_comes_by_descriptor(ir_files:
     with OpenVinoDriver() as driver:
         handle = driver.load_model(0, path=ir_files)
         assert driver.model_bytes(handle) == 64
-        out = driver.submit_future(handle, Job(1), {"x": ROW}).result(60)
+        out = driver.submit_future(handle, Job(1), {"x": ROW}).result(WAIT_S)
         np.testing.assert_array_equal(np.asarray(out[0])[0], values())
         with pytest.raises(IllegalArgumentError, match=r"weights file \(\.bin\) did not come"):
             driver.load_model(0, model=ir_files.read_bytes())
@@ -304,5 +305,5 @@ def test_openvino_reads_onnx_external_data_only_from_descriptors(
         with pytest.raises(IllegalArgumentError, match="did not come with the model"):
             driver.load_model(0, model=path.read_bytes())
         handle = driver.load_model(0, path=path)
-        out = driver.submit_future(handle, Job(1), {"x": ROW}).result(60)
+        out = driver.submit_future(handle, Job(1), {"x": ROW}).result(WAIT_S)
         np.testing.assert_array_equal(np.asarray(out[0])[0], values(start=5))

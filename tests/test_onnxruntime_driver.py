@@ -18,6 +18,7 @@ import onnxruntime as ort  # type: ignore[import-untyped,unused-ignore]
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from helpers.daemon_support import WAIT_S
 from npumanager.cli.program import main
 from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.core.driver.job import Job
@@ -272,7 +273,7 @@ def test_a_future_gives_the_outputs_and_cancel_stops_running_work() -> None:
             d.run_until_idle(max_us=1000)
         assert queued.cancel() and running.cancel()
         done = d.submit_future(model, Job(10), d.timed_inputs(model, 1))
-        assert done.result(timeout=60)[0].shape[1] == CHAIN_WIDTH
+        assert done.result(timeout=WAIT_S)[0].shape[1] == CHAIN_WIDTH
         d.run_until_idle()
         events = d.take_events()
         assert [k for k, _ in lifecycle(events, queued.work_id)] == ["REQUESTED", "ENDED"]
@@ -293,7 +294,7 @@ def test_a_runtime_error_ends_the_work_failed() -> None:
         session.run = broken  # type: ignore[method-assign]
         future = d.submit_future(model, Job(10), d.timed_inputs(model, 1))
         with pytest.raises(ExecutionError, match="device lost"):
-            future.result(timeout=60)
+            future.result(timeout=WAIT_S)
         d.run_until_idle()
         assert ended(d.take_events(), future.work_id) == EndReason.FAILED
 
@@ -419,13 +420,13 @@ def test_a_futures_callbacks_run_without_the_drivers_lock() -> None:
         def callback(_: Any) -> None:
             reader = threading.Thread(target=ort_driver.device_state, args=(0,))
             reader.start()
-            reader.join(timeout=10)  # blocks until this callback returns if the lock is held
+            reader.join(timeout=WAIT_S)  # blocks until this callback returns if the lock is held
             others_went_on.append(not reader.is_alive())
 
         future = ort_driver.submit_future(model, Job(10001), chain_inputs(4))
         future.add_done_callback(callback)
-        future.result(timeout=30)
-        deadline = time.monotonic() + 30
+        future.result(timeout=WAIT_S)
+        deadline = time.monotonic() + 2 * WAIT_S  # outlasts the callback's join
         while not others_went_on and time.monotonic() < deadline:
             time.sleep(0.01)
         assert others_went_on == [True]

@@ -15,6 +15,7 @@ pytest.importorskip("openvino")
 
 import openvino as ov
 
+from helpers.daemon_support import WAIT_S
 from npumanager.cli.program import main
 from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.core.driver.job import Job
@@ -93,7 +94,7 @@ def test_a_model_from_onnx_bytes_runs_and_its_constants_are_counted() -> None:
         assert driver.model_bytes(model) == WEIGHTS
         assert driver.model_info(model).target == "CPU"
         future = driver.submit_future(model, Job(1), chain_inputs(4))
-        assert future.result(timeout=60)[0].shape == (4, CHAIN_WIDTH)
+        assert future.result(timeout=WAIT_S)[0].shape == (4, CHAIN_WIDTH)
 
 
 def test_a_model_from_ir_and_from_an_onnx_path(tmp_path: Path) -> None:
@@ -104,7 +105,7 @@ def test_a_model_from_ir_and_from_an_onnx_path(tmp_path: Path) -> None:
     with OpenVinoDriver() as driver:
         for path in (onnx_path, ir_path):
             model = driver.load_model(0, path=path)
-            assert driver.submit_future(model, Job(1), chain_inputs(1)).result(60)
+            assert driver.submit_future(model, Job(1), chain_inputs(1)).result(WAIT_S)
         assert driver.device_state(0).models_loaded == 2
 
 
@@ -145,7 +146,7 @@ def test_cancel_stops_a_running_request() -> None:
             driver.run_until_idle(max_us=1000)
         assert running.cancel()
         after = driver.submit_future(model, Job(1), driver.timed_inputs(model, 1))
-        assert after.result(timeout=60)
+        assert after.result(timeout=WAIT_S)
         driver.run_until_idle()
         events = driver.take_events()
         assert ended(events, running.work_id) == EndReason.CANCELLED_USER

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers.daemon_support import WAIT_S
 from npumanager.core.driver.events import EventKind
 from npumanager.core.driver.job import Job
 from npumanager.errors import IllegalArgumentError
@@ -151,7 +152,7 @@ def test_foreground_work_does_not_wait_behind_held_back_owed_background_work(
         if inline:
             d.run_inference(model, uid=20, inputs=inputs)
         else:
-            d.submit_future(model, Job(20), inputs).result(timeout=60)
+            d.submit_future(model, Job(20), inputs).result(timeout=WAIT_S)
         assert not busy.done() and not idle.done(), "the foreground job went first"
         d.run_until_idle()
 
@@ -169,7 +170,7 @@ def _run_on_its_thread(d: Any, model: int, ms: float) -> tuple[threading.Thread,
 
     app = threading.Thread(target=run)
     app.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + WAIT_S
     while -1 in d.device_state(0).running and time.monotonic() < deadline:
         time.sleep(0.001)
     (work_id,) = d.device_state(0).running
@@ -190,7 +191,7 @@ def test_a_run_on_the_callers_thread_ended_by_another_thread_raises_how_it_ended
         model = d.load_timed_model()
         app, outcome, work_id = _run_on_its_thread(d, model, 300)
         getattr(d, end)(work_id)
-        app.join(timeout=60)
+        app.join(timeout=WAIT_S)
         expected = CancelledError if end == "cancel" else ExecutionError
         assert len(outcome) == 1 and isinstance(outcome[0], expected), outcome
         assert d.run_inference(model, uid=10, inputs=d.timed_inputs(model, 1))[0].size > 0

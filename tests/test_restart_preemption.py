@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from helpers.daemon_support import WAIT_S
 from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.core.driver.job import Job
 from npumanager.errors import IllegalArgumentError
@@ -49,8 +50,8 @@ def test_an_inline_run_that_is_stopped_starts_over_and_still_returns_its_outputs
         )
         app.start()
         started_running(d, 1)
-        d.submit_future(model, Job(20), d.timed_inputs(model, 1)).result(timeout=60)
-        app.join(timeout=60)
+        d.submit_future(model, Job(20), d.timed_inputs(model, 1)).result(timeout=WAIT_S)
+        app.join(timeout=WAIT_S)
         assert out and out[0][0].shape[0] > 1
         d.run_until_idle()
         assert lifecycle(d.take_events(), 1) == RESTARTED
@@ -155,7 +156,7 @@ def test_an_inline_run_stopped_to_make_room_still_times_out_on_time() -> None:
         thread.start()
         started_running(d, 1)
         urgent = [d.submit_future(model, Job(20), urgent_inputs) for _ in range(8)]
-        thread.join(timeout=60)
+        thread.join(timeout=WAIT_S)
         assert raised and not urgent[-1].done(), "it timed out while urgent work still ran"
         d.run_until_idle()
         assert lifecycle(d.take_events(), 1)[-2:] == [

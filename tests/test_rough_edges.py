@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers.console import CONSOLE_SCRIPT, npu, one_line_error
+from helpers.daemon_support import WAIT_S
 from npumanager.core.plugins import tomlfile
 from npumanager.errors import ConfigError
 from npumanager.schemas.limits import (
@@ -191,7 +192,7 @@ def test_scenario_numbers_past_the_drivers_limits_name_file_and_key(tmp_path: Pa
 def test_serve_sink_options_are_checked_naming_the_allowed_ones(
     tmp_path: Path, spec: str, expected: str
 ) -> None:
-    result = npu("serve", "--sink", spec, "--socket", str(tmp_path / "s.sock"), timeout=60)
+    result = npu("serve", "--sink", spec, "--socket", str(tmp_path / "s.sock"), timeout=WAIT_S)
     one_line_error(result, expected)
 
 
@@ -269,7 +270,7 @@ def test_real_time_samples_once_a_second_and_serve_checks_the_interval(tmp_path:
 
 
 def npu_cli_serve(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return npu("serve", "--socket", str(tmp_path / "s.sock"), *argv, timeout=60)
+    return npu("serve", "--socket", str(tmp_path / "s.sock"), *argv, timeout=WAIT_S)
 
 
 def test_the_table_explains_lmk() -> None:

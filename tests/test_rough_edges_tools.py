@@ -15,6 +15,7 @@ import pytest
 
 from helpers import health_trees as tree
 from helpers.console import one_line_error
+from helpers.daemon_support import WAIT_S
 from helpers.unavailable import without, write_blocker
 
 CONSOLE_SCRIPT = str(Path(sys.executable).with_name("npu-manager"))
@@ -230,7 +231,7 @@ def test_health_json_lines_say_when_each_was_read(tmp_path: Path) -> None:
             if later > first:
                 break
         process.send_signal(signal.SIGINT)
-        process.communicate(timeout=60)
+        process.communicate(timeout=WAIT_S)
         assert process.returncode == 0
     finally:
         process.kill()

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import npumanager
+from helpers.daemon_support import WAIT_S
 from npumanager import (
     EndReason,
     Importance,
@@ -213,13 +214,10 @@ def test_callbacks_run_on_the_given_executor_in_order() -> None:
                     done.set()
 
         fg_app = svc.manager(10001, uses_feature=True)
-        for _ in range(200):
-            if bg.names() == ["can_load"]:
-                break
-            threading.Event().wait(0.01)
+        wait_for(lambda: bg.names() == ["can_load"])
         fg = Waiter(fg_app)
         fg_app.request_can_load_model(req(2), fg, pool)
-        assert done.wait(5)
+        assert done.wait(WAIT_S)
         assert fg.names() == ["can_load", "can_load"]
         assert [s for _, s in fg.calls] == [
             ModelLoadStatus.WAIT_FOR_UNLOAD,
@@ -522,7 +520,7 @@ def test_close_completes_every_live_request() -> None:
 # Real time -------------------------------------------------------------------------------------
 
 
-def wait_for(predicate: Any, timeout: float = 5.0) -> bool:
+def wait_for(predicate: Any, timeout: float = WAIT_S) -> bool:
     deadline = threading.Event()
     for _ in range(int(timeout / 0.005)):
         if predicate():

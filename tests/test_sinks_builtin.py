@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.daemon_support import WAIT_S
 from npumanager import DeviceSpec, ModelLoadRequest, ModelSize, Service, load_plugins
 from npumanager.schemas import PluginKind
 from npumanager.telemetry.jsonl import JsonlSink, default_path
@@ -221,7 +222,7 @@ def test_prometheus_is_served_on_the_port_given_and_carries_the_metrics() -> Non
         busy_service(svc, heat=40_000)
         port = handle.sink.port
         assert isinstance(port, int) and port > 0
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S) as response:
             text = response.read().decode()
         assert text == handle.sink.exposition() or "npu_work_events_total" in text
     for name in METRICS:
@@ -253,7 +254,7 @@ def test_prometheus_closes_its_port() -> None:
 
     sink = PrometheusSink(port=0)
     url = f"http://127.0.0.1:{sink.port}/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
+    with urllib.request.urlopen(url, timeout=WAIT_S) as response:
         assert response.status == 200
     sink.close()
     with pytest.raises(OSError):

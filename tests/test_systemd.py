@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import npumanager as npu
+from helpers.daemon_support import WAIT_S
 from npumanager.cli.units import NAMES, render
 from npumanager.daemon.peer import answers
 from npumanager.daemon.server.systemd import Notifier, inherited_sockets, notify_address
@@ -39,7 +40,7 @@ class NotifyListener:
         self.sock.settimeout(0.2)
         self.messages: list[str] = []
 
-    def wait_for(self, state: str, timeout: float = 30) -> list[str]:
+    def wait_for(self, state: str, timeout: float = WAIT_S) -> list[str]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if any(state in message.split("\n") for message in self.messages):
@@ -74,7 +75,7 @@ def stop(process: subprocess.Popen[bytes], listener: NotifyListener) -> None:
     """SIGTERM: the daemon says STOPPING=1 and exits cleanly."""
     process.send_signal(signal.SIGTERM)
     listener.wait_for("STOPPING=1")
-    assert process.wait(30) == 0
+    assert process.wait(WAIT_S) == 0
 
 
 def reap(process: subprocess.Popen[bytes]) -> str:
@@ -90,7 +91,7 @@ def test_socket_activation_serves_the_inherited_socket_and_notifies(socket_dir: 
     listener = NotifyListener(str(socket_dir / "notify"))
     process = activated(path, str(socket_dir / "notify"), "WATCHDOG_USEC=200000")
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + WAIT_S
         while not path.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         # systemd-socket-activate starts the daemon on the first connection.
@@ -119,7 +120,7 @@ def test_an_abstract_notify_socket_is_used(socket_dir: Path) -> None:
     path = socket_dir / "npu.sock"
     process = activated(path, f"@{name}")
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + WAIT_S
         while not answers(path) and time.monotonic() < deadline:
             time.sleep(0.05)
         listener.wait_for("READY=1")
@@ -159,7 +160,7 @@ def test_an_inherited_descriptor_that_is_not_a_socket_is_one_line(socket_dir: Pa
         check=False,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=WAIT_S,
     )
     assert result.returncode == 2, result
     assert "inherited descriptor 3 (fd3) is not a socket" in result.stderr

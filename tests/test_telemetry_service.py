@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers.daemon_support import WAIT_S
 from npumanager import (
     DeviceSample,
     Importance,
@@ -182,7 +183,7 @@ def test_a_stuck_sink_on_the_real_clock_drops_what_does_not_fit_and_blocks_nothi
     class Stuck:
         def handle(self, batch: Any) -> None:
             entered.set()
-            release.wait(10)
+            release.wait(4 * WAIT_S)  # stuck until the test ends: outlasts its waits
 
     fast = MemorySink()
     svc = Service("vnpu", clock="real")
@@ -190,10 +191,10 @@ def test_a_stuck_sink_on_the_real_clock_drops_what_does_not_fit_and_blocks_nothi
         stuck = svc.add_sink(Stuck(), queue_size=4)
         svc.add_sink(fast)
         app = svc.manager(10001, uses_feature=True)
-        with app.reserve(big(1), timeout_s=5) as lease:
+        with app.reserve(big(1), timeout_s=WAIT_S) as lease:
             model = lease.load_model(weight_bytes=MIB)
             ids = [model.submit(1000) for _ in range(30)]
-            assert entered.wait(5)
+            assert entered.wait(WAIT_S)
             assert _wait(lambda: _ended(fast) >= set(ids))
         stats = svc.sink_stats()[stuck.name]
         assert stats.dropped > 0 and stats.delivered == 0
@@ -209,7 +210,7 @@ def _ended(sink: MemorySink) -> set[int]:
     return {e.id for e in of(sink, WorkEvent) if e.kind == 2}
 
 
-def _wait(predicate: Any, timeout: float = 5.0) -> bool:
+def _wait(predicate: Any, timeout: float = WAIT_S) -> bool:
     done = threading.Event()
     for _ in range(int(timeout / 0.01)):
         if predicate():

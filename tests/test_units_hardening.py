@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.daemon_support import FOREGROUND_UID, SOCKET_GID, Child
+from helpers.daemon_support import FOREGROUND_UID, SOCKET_GID, WAIT_S, Child
 from helpers.real_daemon import granted, in_process_digest
 from npumanager.cli import units
 from npumanager.cli.program import main
@@ -295,7 +295,7 @@ def _notify_socket(path: Path) -> socket.socket:
     return listener
 
 
-def _wait_for(listener: socket.socket, state: str, timeout: float = 60) -> None:
+def _wait_for(listener: socket.socket, state: str, timeout: float = WAIT_S) -> None:
     seen: list[str] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -339,7 +339,7 @@ def test_the_daemon_serves_under_the_units_sandbox(
         )
     child = None
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + WAIT_S
         while not path.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         os.chown(path, -1, SOCKET_GID)  # as the socket unit's SocketGroup= would
@@ -361,13 +361,13 @@ def test_the_daemon_serves_under_the_units_sandbox(
         child.close()
         process.send_signal(signal.SIGTERM)
         _wait_for(notify, "STOPPING=1")
-        assert process.wait(60) == 0, log.read_text()
+        assert process.wait(WAIT_S) == 0, log.read_text()
     finally:
         if child is not None:
             child.close()
         if process.poll() is None:
             process.kill()
-            process.wait(60)
+            process.wait(WAIT_S)
         notify.close()
     text = log.read_text(errors="replace")
     assert "serving the socket systemd passed" in text, text

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers.daemon_support import WAIT_S
 from npumanager import EndReason, StartReason, ThermalSeverity, load_plugins
 from npumanager.core.driver.events import NO_REASON, EventKind, WorkEvent
 from npumanager.core.driver.job import Job
@@ -47,8 +48,6 @@ SLOW = DeviceSpec(channels=1, clock_mhz=1, slice_us=100)
 """A one-channel device where a job of N cycles takes N microseconds."""
 HUGE = 10**12
 """Cycles of a job that will not end during a test (about 11 days at 1 MHz)."""
-HANG_GUARD_S = 60.0
-"""Only for not hanging forever if something is broken; never asserted on."""
 
 
 def kinds(events: list[WorkEvent]) -> list[tuple[int, int, int]]:
@@ -585,7 +584,7 @@ def real() -> Iterator[Any]:
 
 def asleep(driver: VnpuDriver, workers: int) -> None:
     """Wait until every worker thread sleeps (so a missed wake-up would show)."""
-    deadline = time.monotonic() + HANG_GUARD_S
+    deadline = time.monotonic() + WAIT_S
     while driver.vnpu.stats()["sleeping"] != workers:
         assert time.monotonic() < deadline
         time.sleep(0.001)
@@ -603,7 +602,7 @@ def test_the_real_clock_runs_work_by_itself(real: Any) -> None:
         (EventKind.STARTED, StartReason.INITIAL, work),
     ]
     # Nothing is called from here until the worker thread has ended the job.
-    assert select.select([driver.fileno()], [], [], HANG_GUARD_S)[0] == [driver.fileno()]
+    assert select.select([driver.fileno()], [], [], WAIT_S)[0] == [driver.fileno()]
     after = time.monotonic_ns() // 1000
     events += driver.take_events()
     assert kinds(events)[2:] == [(EventKind.ENDED, EndReason.COMPLETED, work)]
@@ -611,7 +610,7 @@ def test_the_real_clock_runs_work_by_itself(real: Any) -> None:
     assert before <= times[0] <= times[1] <= times[2] <= after  # the monotonic clock
     assert times[2] - times[1] == 2_000  # at 1 MHz, 2000 cycles take 2000 us
     assert all(e.timestamp_ms == e.time_us // 1000 for e in events)
-    assert driver.wait_idle(HANG_GUARD_S)
+    assert driver.wait_idle(WAIT_S)
 
 
 def test_real_clock_preemption_happens_at_a_slice_boundary(real: Any) -> None:
@@ -619,7 +618,7 @@ def test_real_clock_preemption_happens_at_a_slice_boundary(real: Any) -> None:
     model = driver.load_model(0, weight_bytes=1)
     low = driver.submit(model, uid=1, cost_cycles=HUGE, job_priority=900)
     high = driver.submit(model, uid=1, cost_cycles=300, job_priority=0)
-    deadline = time.monotonic() + HANG_GUARD_S
+    deadline = time.monotonic() + WAIT_S
     events: list[WorkEvent] = []
     while not any(e.id == high and e.kind == EventKind.ENDED for e in events):
         assert time.monotonic() < deadline
@@ -667,13 +666,13 @@ def test_a_reader_that_does_not_drain_holds_the_workers_up(real: Any) -> None:
     driver = real([DeviceSpec(channels=1, clock_mhz=1)], event_capacity=capacity)
     model = driver.load_model(0, weight_bytes=1)
     driver.add_periodic(model, Job(uid=1), cost_cycles=10, period_us=50, count=200)
-    deadline = time.monotonic() + HANG_GUARD_S
+    deadline = time.monotonic() + WAIT_S
     while driver.stalls == 0:
         assert time.monotonic() < deadline
         time.sleep(0.001)
     pending = driver.vnpu.stats()["pending_events"]
     assert capacity <= pending < capacity + 4  # one event point adds at most 3
-    assert driver.wait_idle(HANG_GUARD_S)
+    assert driver.wait_idle(WAIT_S)
     events = driver.take_events()
     assert len(events) == 200 * 3
     assert [e.time_us for e in events] == sorted(e.time_us for e in events)
@@ -717,7 +716,7 @@ def test_attach_delivers_through_the_loop_including_debounced_ends(real: Any) ->
         model = driver.load_model(1, weight_bytes=1)
         first = driver.submit(model, uid=1, cost_cycles=20_000)
         second = driver.submit(model, uid=1, cost_cycles=20_000)
-        await asyncio.wait_for(callback.done.wait(), HANG_GUARD_S)
+        await asyncio.wait_for(callback.done.wait(), WAIT_S)
         driver.detach()
         assert callback.calls == [("requested", first), ("started", first), ("ended", second)]
         return callback.calls
@@ -753,7 +752,7 @@ def test_close_joins_the_threads_and_garbage_collection_does_too() -> None:
 def _gone(threads: set[str]) -> bool:
     """True once none of `threads` is listed in /proc: a thread joined in C still shows
     there until the kernel reaps it, a moment later (longer on a busy machine)."""
-    deadline = time.monotonic() + HANG_GUARD_S
+    deadline = time.monotonic() + WAIT_S
     while threads & tasks():
         if time.monotonic() > deadline:
             return False

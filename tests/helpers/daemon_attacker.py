@@ -20,6 +20,10 @@ from npumanager.schemas.limits import PROTOCOL_VERSION
 
 _HEADER = struct.Struct(">I")
 MIB = 1 << 20
+SOCKET_WAIT_S = 100.0
+"""How long one read or send waits for the daemon: only a hang outlasts it, on however busy
+a machine. Less than the test's wait for this script's report (`daemon_support.WAIT_S`):
+a read that hangs ends this script, its traceback on stderr, before the test gives up."""
 
 
 def frame(message: dict[str, Any]) -> bytes:
@@ -32,7 +36,7 @@ HELLO = frame({"op": "hello", "version": PROTOCOL_VERSION})
 
 def connect(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(10)
+    sock.settimeout(SOCKET_WAIT_S)
     sock.connect(path)
     return sock
 

@@ -238,7 +238,7 @@ def daemon_on_a_thread(service: Service, path: Path, **options: Any) -> Iterator
         yield daemon
     finally:
         daemon.stop()
-        thread.join(20)
+        thread.join(WAIT_S)
 
 
 class Daemons:
