@@ -382,11 +382,16 @@ def test_a_silent_connection_pins_nobody_elses_buffers(
     start = baseline(daemon, apps)
     attack(attackers, daemon, "silent", 1)
     attack(attackers, daemon, "send_and_close", 150)
-    # Well within the silent one's 10 s hello timeout: the others are gone, and so are theirs.
-    assert wait_for(lambda: daemon.rss_kib() <= start[1] + RSS_SLACK_KIB, timeout=5), (
-        f"resident size {daemon.rss_kib()} KiB, {start[1]} KiB at the start"
-    )
-    assert admin_info(daemon)["daemon"]["connections"] == 2  # the silent one and the admin
+
+    # While the silent one still waits out its 10 s hello timeout, the others are gone, and
+    # so are their buffers: the event waited for is either the memory back or the silent
+    # one dropped, and it must be the first (the silent one and the admin remain).
+    def recovered() -> bool:
+        return daemon.rss_kib() <= start[1] + RSS_SLACK_KIB
+
+    assert wait_for(lambda: recovered() or admin_info(daemon)["daemon"]["connections"] < 2)
+    assert recovered(), f"resident size {daemon.rss_kib()} KiB, {start[1]} KiB at the start"
+    assert admin_info(daemon)["daemon"]["connections"] == 2, "the silent one still waits"
 
 
 def test_a_dropped_connection_is_freed_at_once_without_the_garbage_collector(
