@@ -5,6 +5,7 @@ callback, and what one inference reports (`RunInference*`, clamping)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import pytest
@@ -149,6 +150,8 @@ class HalRules(SuiteBase):
         model = self.model(driver)
         blocker = driver.submit(model, uid=12, **self.work(driver, model, 250))
         self.wait_ms(driver, 2)
+        blocking = functools.partial(self.running, driver, blocker)
+        self.wait_until(driver, blocking, "the blocker's start")  # the others then queue
         first = driver.submit(model, uid=10, **self.work(driver, model, 2))
         second = driver.submit(model, uid=11, **self.work(driver, model, 2))
         driver.update_scheduling_configs([SchedulingConfig(uid=11, app_priority=100)])
