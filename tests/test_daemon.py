@@ -425,6 +425,9 @@ def test_a_connection_that_never_says_hello_is_closed(socket_dir: Path) -> None:
         polite = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         polite.connect(str(daemon.socket_path))
         polite.sendall(HELLO)
+        polite.settimeout(WAIT_S)
+        (size,) = struct.unpack(">I", polite.recv(4))
+        assert json.loads(polite.recv(size))["op"] == "welcome"  # its hello was taken
         replies = _raw_exchange(daemon.socket_path, [])
         assert replies == [
             {
