@@ -11,8 +11,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from helpers.daemon_support import SOCKET_GID, Child, DaemonProcess, Daemons, open_socket_dir
+
+# No example may fail for being slow: hypothesis's default 200 ms deadline and its too-slow
+# health check judge the machine's speed, and the suite runs beside other work (CI beside
+# two CPU spinners). A test that sets its own settings keeps them.
+settings.register_profile(
+    "busy_machine", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("busy_machine")
 
 # Each throwaway distribution: (distribution name, entry-point name, module source).
 PLUGIN_SOURCES: dict[str, tuple[str, str, str]] = {
