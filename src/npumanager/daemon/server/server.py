@@ -397,11 +397,10 @@ class Daemon:
         return describe_daemon(self, self._log.suppressed, self._info.renewals)
 
     def _host_pids(self) -> list[int]:
-        return [
-            pid
-            for c in self.transport.connections.values()
-            if (pid := getattr(c.host, "pid", None)) is not None
-        ]
+        """The model hosts' pids; called from the device-user scan's threads too, so the
+        connections are copied first (in one step) while the loop may change them."""
+        connections = list(self.transport.connections.values())
+        return [pid for c in connections if (pid := getattr(c.host, "pid", None)) is not None]
 
     # Shutdown ---------------------------------------------------------------------------
 
