@@ -116,13 +116,22 @@ class DeviceScan:
     """The scan stopped at its limit of entries (`MAX_SCAN_ENTRIES`): some may be missing."""
 
     def resident_bytes(self) -> int:
-        """The resident bytes of all users, each DRM client (node and client id) counted once,
-        though forked processes share it."""
-        seen: dict[tuple[str, int] | int, int] = {}
-        for index, user in enumerate(self.users):
-            key = (user.node, user.client_id) if user.client_id is not None else index
-            seen[key] = user.resident_bytes()
-        return sum(seen.values())
+        """The resident bytes of all users, each DRM client counted once (`distinct_clients`)."""
+        return sum(user.resident_bytes() for user in distinct_clients(self.users))
+
+
+def distinct_clients(users: Iterable[DeviceUser]) -> list[DeviceUser]:
+    """The users with each DRM client (node and client id) once, though forked processes
+    share it: the first process seen stands for it. Users with no client id are all kept."""
+    seen: set[tuple[str, int]] = set()
+    kept = []
+    for user in users:
+        if user.client_id is not None:
+            if (user.node, user.client_id) in seen:
+                continue
+            seen.add((user.node, user.client_id))
+        kept.append(user)
+    return kept
 
 
 def device_nodes(root: Path = Path("/")) -> tuple[str, ...]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, ParamSpec, TypeVar
 
 from npumanager.core.driver.events import WorkEvent
 from npumanager.telemetry.events import (
@@ -16,37 +16,33 @@ from npumanager.telemetry.events import (
 if TYPE_CHECKING:
     from npumanager.apps.device_users import DeviceUser
 
-
-class UidNames:
-    """Names for the uids events carry: a daemon names each HAL uid by its app's id; in
-    process, or for a uid no app has, there is none (None)."""
-
-    def __init__(self) -> None:
-        self._resolve: Callable[[int], str | None] | None = None
-
-    def set(self, resolve: Callable[[int], str | None]) -> None:
-        """Name uids with `resolve` from now on."""
-        self._resolve = resolve
-
-    def __call__(self, uid: int) -> str | None:
-        resolve = self._resolve
-        return None if resolve is None else resolve(uid)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-class DeviceUsersFeed:
-    """The processes using the accelerator without the manager, as the service last found
-    them (a daemon scans for them); in process there are none."""
+class LateBound(Generic[P, R]):
+    """A callable the service supplies once it knows it (a daemon names each HAL uid by its
+    app's id; it finds the device's other users); until then, and in process, `fallback`."""
 
-    def __init__(self) -> None:
-        self._provide: Callable[[], Sequence[DeviceUser]] | None = None
+    def __init__(self, fallback: Callable[P, R]) -> None:
+        self._call = fallback
 
-    def set(self, provide: Callable[[], Sequence[DeviceUser]]) -> None:
-        """Ask `provide` for the users from now on (it may be called from any thread)."""
-        self._provide = provide
+    def set(self, call: Callable[P, R]) -> None:
+        """Answer with `call` from now on (it may be called from any thread)."""
+        self._call = call
 
-    def __call__(self) -> Sequence[DeviceUser]:
-        provide = self._provide
-        return () if provide is None else provide()
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._call(*args, **kwargs)
+
+
+def no_name(uid: int, /) -> str | None:
+    """No name for any uid: in process, uids are the callers' own."""
+    return None
+
+
+def no_users() -> Sequence[DeviceUser]:
+    """No users outside the manager: in process, none are looked for."""
+    return ()
 
 
 class EventSink:

@@ -22,7 +22,7 @@ from npumanager.core.driver.debounce import Debouncer
 from npumanager.core.driver.events import WorkEvent
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas.limits import MAX_DEBOUNCE_DURATION_MS, MAX_SINK_QUEUE_EVENTS
-from npumanager.telemetry.base import DeviceUsersFeed, UidNames
+from npumanager.telemetry.base import LateBound, no_name, no_users
 from npumanager.telemetry.events import TelemetryEvent
 
 log = logging.getLogger(__name__)
@@ -206,9 +206,9 @@ class TelemetryHub:
         self._handles: list[SinkHandle] = []
         self._debouncing: list[SinkHandle] = []
         self._dirty = False
-        self.uid_names = UidNames()
+        self.uid_names = LateBound(no_name)
         """Given to each sink that has a ``uid_names`` attribute."""
-        self.device_users = DeviceUsersFeed()
+        self.device_users = LateBound(no_users)
         """Given to each sink that has a ``device_users`` attribute."""
 
     def __bool__(self) -> bool:

@@ -24,7 +24,7 @@ from npumanager.core.driver.events import WorkEvent
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import EndReason, StartReason, ThermalSeverity, UnloadReason
 from npumanager.schemas.limits import MAX_DEVICES
-from npumanager.telemetry.base import EventSink
+from npumanager.telemetry.base import EventSink, no_name
 from npumanager.telemetry.events import (
     NO_VALUE,
     DeviceSample,
@@ -45,10 +45,6 @@ _RUNNING_AT_END = "RUNNING_AT_END"
 _START_NAMES = {member.value: member.name for member in StartReason}
 _END_NAMES = {member.value: member.name for member in EndReason}
 _SEVERITY_NAMES = {member.value: member.name for member in ThermalSeverity}
-
-
-def _no_name(_: int) -> str | None:
-    return None
 
 
 def _meta(name: str, pid: int, tid: int | None, value: Any) -> dict[str, Any]:
@@ -82,7 +78,7 @@ class PerfettoSink(EventSink):
         self.pid_base = check_int("pid_base", pid_base, 0, 1 << 30)
         self.names = dict(names or {})
         """A name for each uid, for slices and tracks (default: the work's feature id)."""
-        self.uid_names: Callable[[int], str | None] = _no_name
+        self.uid_names: Callable[[int], str | None] = no_name
         """The service's names for uids (a daemon's app ids), after `names`."""
         self._prefix = f"{label}: " if label else ""
         self._slices = SliceBuilder()

@@ -21,12 +21,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
+from npumanager.apps.device_users import distinct_clients
 from npumanager.checks import check_int
 from npumanager.core.driver.events import NO_REASON, EventKind, WorkEvent
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import EndReason, StartReason
 from npumanager.schemas.limits import WORK_DURATION_BUCKETS_S
-from npumanager.telemetry.base import EventSink
+from npumanager.telemetry.base import EventSink, no_name, no_users
 from npumanager.telemetry.events import (
     DeviceSample,
     ModelLoadRequested,
@@ -57,7 +58,7 @@ class PrometheusSink(EventSink):
         self.work_events = Counter(
             "npu_work_events", "Work lifecycle events", ["kind", "reason", "app"], registry=r
         )
-        self.uid_names: Callable[[int], str | None] = lambda _: None
+        self.uid_names: Callable[[int], str | None] = no_name
         """The service's names for uids: a daemon's app ids (else `uid:<uid>`)."""
         self.work_duration = Histogram(
             "npu_work_duration_seconds",
@@ -86,7 +87,7 @@ class PrometheusSink(EventSink):
             registry=r,
         )
         self.busy = Gauge("npu_busy_channels", "Channels running work", ["device"], registry=r)
-        self.device_users: Callable[[], Sequence[DeviceUser]] = tuple
+        self.device_users: Callable[[], Sequence[DeviceUser]] = no_users
         """The accelerator's users outside the manager (a daemon's scan), read at each scrape."""
         r.register(_DeviceUsersCollector(self))
         self._kinds = _labels(EventKind)
@@ -205,13 +206,8 @@ class _DeviceUsersCollector:
         counts: dict[str, int] = {}
         memory: dict[str, int] = {}
         engines: dict[tuple[str, str], int] = {}
-        seen: set[tuple[str, int]] = set()
-        for user in self._sink.device_users():
+        for user in distinct_clients(self._sink.device_users()):
             app = user.app_id
-            if user.client_id is not None:  # descriptors of one open, in forked processes
-                if (user.node, user.client_id) in seen:
-                    continue
-                seen.add((user.node, user.client_id))
             counts[app] = counts.get(app, 0) + 1
             memory[app] = memory.get(app, 0) + user.resident_bytes()
             for engine, ns in user.engines.items():

@@ -64,8 +64,8 @@ class Carrying:
         self._pending: list[Action] = []
         self._memory_signal = MEMORY_PRESSURE_NONE
         """The level `Service.set_memory_pressure` gave; the health sources' may be higher."""
-        self.outside_bytes: tuple[int, ...] = ()
-        """Device memory held outside the manager, by device (`count_outside_memory`)."""
+        self.outside_bytes: tuple[int, ...] = (0,) * driver.device_count
+        """Device memory held outside the manager, for every device (`count_outside_memory`)."""
 
     def locked(self) -> AbstractContextManager[Any]:
         """The service lock, for the owner's clocks (`clocks`) alone."""
@@ -178,10 +178,10 @@ class Carrying:
     def capacities(self) -> list[int]:
         """Each device's weight memory the arbiter may grant: the driver's, less what is held
         outside the manager (lock held)."""
-        outside = self.outside_bytes
+        devices = self._driver.describe_devices()
         return [
-            max(0, device.weight_memory_bytes - (outside[i] if i < len(outside) else 0))
-            for i, device in enumerate(self._driver.describe_devices())
+            max(0, device.weight_memory_bytes - held)
+            for device, held in zip(devices, self.outside_bytes, strict=True)
         ]
 
     def count_outside_memory(self, held_bytes: Sequence[int]) -> None:
@@ -198,10 +198,11 @@ class Carrying:
                 raise IllegalArgumentError(
                     f"memory held outside lists {len(held_bytes)} devices; the driver has {count}"
                 )
-            self.outside_bytes = tuple(
+            listed = [
                 check_int(f"memory held outside on device {i}", held, 0, 2**63 - 1)
                 for i, held in enumerate(held_bytes)
-            )
+            ]
+            self.outside_bytes = (*listed, *(0,) * (count - len(listed)))
         self.act(lambda now: self._arbiter.set_capacity(now, self.capacities()))
 
     # Memory pressure and the health sources ----------------------------------------------

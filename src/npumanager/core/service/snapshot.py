@@ -23,12 +23,13 @@ def build_snapshot(
     callback_errors: int,
     model_devices: Mapping[RequestKey, int] | None = None,
     health: HealthBoard | None = None,
-    outside_bytes: Sequence[int] = (),
+    outside_bytes: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Policy and parameters, configs by uid (with the importance's name), live requests by
     state (with the device a loaded one's model is on), every device, and the health
     sources' readings with what they combine to."""
     placed = model_devices or {}
+    outside = outside_bytes or (0,) * driver.device_count
     health = health or HealthBoard()
     policy = arbiter.policy
     params = policy.params.model_dump(mode="json") if policy.params is not None else {}
@@ -62,9 +63,7 @@ def build_snapshot(
         ],
         "requests": by_state,
         "devices": [
-            _device(
-                driver, device, health, outside_bytes[device] if device < len(outside_bytes) else 0
-            )
+            _device(driver, device, health, outside[device])
             for device in range(driver.device_count)
         ],
         "sinks": {name: stats._asdict() for name, stats in sinks.items()},
