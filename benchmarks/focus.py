@@ -4,8 +4,10 @@ an app with a deadline beside a flood (issue 30).
 (a) Latency, in this process with the code the daemon runs: a `Service` on a real driver
 (onnxruntime, real clock), a `Daemon` serving on a thread (its `AppRegistry` and
 `AppImportance`, its loop), and the built-in `desktop` source built as `serve` builds it,
-watching the mounted cgroup v2 hierarchy with inotify. Two app cgroups of one uid are made
-below this process's cgroup and registered as their processes' hellos would register them.
+watching with inotify a folder of the mounted cgroup v2 hierarchy made below this process's
+cgroup (only it: a focus written elsewhere, by a desktop or a test beside, is not timed).
+Two app cgroups of one uid are made in it and registered as their processes' hellos would
+register them.
 A focus change is what Mutter writes: the time (`CLOCK_MONOTONIC`, microseconds) in
 `user.xdg.inactive-since` of the app that loses the focus, then `-1` in the one that gets it.
 Each change is timed from the first `setxattr` call until both apps' new importances have
@@ -128,8 +130,9 @@ def check_machine() -> tuple[Path, str]:
 
 
 @contextmanager
-def app_cgroups() -> Iterator[list[Path]]:
-    """Two app cgroups below this process's own, removed at the end."""
+def app_cgroups() -> Iterator[tuple[Path, list[Path]]]:
+    """A folder below this process's own cgroup and two app cgroups in it, removed at the
+    end."""
     mount, home = check_machine()
     top = mount / home.lstrip("/") / f"npu-focus-bench-{secrets.token_hex(4)}"
     made = [top / rel for rel in APPS]
@@ -140,7 +143,7 @@ def app_cgroups() -> Iterator[list[Path]]:
             except OSError as error:
                 why = f"cannot make a cgroup under {top.parent}: {error.strerror}"
                 raise UnsupportedError(why) from None
-        yield made
+        yield top, made
     finally:
         for folder, _, _ in os.walk(top, topdown=False):  # nothing when top was not made
             os.rmdir(folder)
@@ -197,11 +200,11 @@ class Arrivals:
 def change_latency(changes: int, progress: Progress) -> dict[str, Any]:
     """(a): focus changes by xattr, interleaved with the floor's direct opinions."""
     progress.step("the service, the daemon on a thread and the desktop source")
-    with app_cgroups() as cgroups, tempfile.TemporaryDirectory() as tmp:
+    with app_cgroups() as (top, cgroups), tempfile.TemporaryDirectory() as tmp:
         service = npu.Service("onnxruntime", clock="real")
         arrivals = Arrivals()
         arrivals.wrap(service)
-        sources = build_importance_sources(npu.load_plugins(), ["desktop"])
+        sources = build_importance_sources(npu.load_plugins(), [f"desktop:root={top}"])
         daemon = Daemon(service, Path(tmp) / "npu.sock", importance_sources=sources)
         daemon.bind()
         loop = threading.Thread(target=daemon.serve_forever)

@@ -40,6 +40,21 @@ def cgroups() -> Iterator[CgroupTree]:
     yield from cgroup_tree()
 
 
+@pytest.fixture
+def start_apps(
+    start_onnxruntime: Callable[..., DaemonProcess], cgroups: CgroupTree
+) -> Callable[..., DaemonProcess]:
+    """`start_onnxruntime` with the default importance sources, the `desktop` one watching
+    this test's own tree: tests on other workers set the focus of apps of the same ids in
+    theirs, and the most important of an app id's cgroups would win."""
+    sources = ("rules", f"desktop:root={cgroups.root}", "slices")
+
+    def start(*args: str) -> DaemonProcess:
+        return start_onnxruntime(*(a for s in sources for a in ("--importance", s)), *args)
+
+    return start
+
+
 def client_in(daemon: DaemonProcess, tree: CgroupTree | None, rel: str | None) -> Child:
     where = None if tree is None or rel is None else tree.root / rel
     if where is not None:
@@ -51,9 +66,9 @@ def client_in(daemon: DaemonProcess, tree: CgroupTree | None, rel: str | None) -
 
 
 def test_two_apps_of_one_uid_are_two_apps_with_hal_uids_of_their_own(
-    start_onnxruntime: Callable[..., DaemonProcess], cgroups: CgroupTree
+    start_apps: Callable[..., DaemonProcess], cgroups: CgroupTree
 ) -> None:
-    served = start_onnxruntime()
+    served = start_apps()
     video = client_in(served, cgroups, VIDEO).hello["ready"]
     video_again = client_in(served, cgroups, VIDEO).hello["ready"]
     indexer = client_in(served, cgroups, INDEXER).hello["ready"]
@@ -80,9 +95,9 @@ def test_two_apps_of_one_uid_are_two_apps_with_hal_uids_of_their_own(
 
 
 def test_an_apps_requests_reach_the_arbiter_under_its_hal_uid(
-    start_onnxruntime: Callable[..., DaemonProcess], cgroups: CgroupTree
+    start_apps: Callable[..., DaemonProcess], cgroups: CgroupTree
 ) -> None:
-    served = start_onnxruntime()
+    served = start_apps()
     video = client_in(served, cgroups, VIDEO)
     video.ok("request", id=1, size=0)
     decision = video.event("decision", 1)
@@ -164,11 +179,11 @@ def importance_of(seen: dict[str, object], hal_uid: int) -> str | None:
 
 
 def test_an_app_id_pinned_before_the_app_exists_ranks_it_when_it_comes(
-    start_onnxruntime: Callable[..., DaemonProcess], cgroups: CgroupTree
+    start_apps: Callable[..., DaemonProcess], cgroups: CgroupTree
 ) -> None:
     from helpers.real_daemon import info
 
-    served = start_onnxruntime()
+    served = start_apps()
     import npumanager as npu
 
     with npu.DaemonClient(served.socket) as admin:
@@ -229,7 +244,7 @@ def json_of(text: str) -> object:
 
 
 def test_apps_lists_each_app_with_its_importance_and_its_source(
-    start_onnxruntime: Callable[..., DaemonProcess], cgroups: CgroupTree
+    start_apps: Callable[..., DaemonProcess], cgroups: CgroupTree
 ) -> None:
     import subprocess
     import sys
@@ -237,7 +252,7 @@ def test_apps_lists_each_app_with_its_importance_and_its_source(
     import npumanager as npu
     from helpers.daemon_support import BACKGROUND_UID
 
-    served = start_onnxruntime()
+    served = start_apps()
     video = client_in(served, cgroups, VIDEO)
     client_in(served, cgroups, INDEXER)
     other = Child(served.socket, BACKGROUND_UID)
@@ -280,15 +295,16 @@ def test_apps_lists_each_app_with_its_importance_and_its_source(
 
 
 def test_focus_written_as_mutter_writes_it_reaches_the_arbiter(
-    start_onnxruntime: Callable[..., DaemonProcess], cgroups: CgroupTree
+    start_apps: Callable[..., DaemonProcess], cgroups: CgroupTree
 ) -> None:
-    """The `desktop` source (on by default where cgroup v2 is mounted): -1 in the app's
-    cgroup's user.xdg.inactive-since is focus; a time is focus lost, ranked below it."""
+    """The `desktop` source (a default where cgroup v2 is mounted; here on the test's tree):
+    -1 in the app's cgroup's user.xdg.inactive-since is focus; a time is focus lost, ranked
+    below it."""
     import time
 
     from helpers.real_daemon import info, wait_for
 
-    served = start_onnxruntime()
+    served = start_apps()
     video = client_in(served, cgroups, VIDEO).hello["ready"]
     call = client_in(served, cgroups, CALL).hello["ready"]
     focus = "user.xdg.inactive-since"
@@ -304,7 +320,7 @@ def test_focus_written_as_mutter_writes_it_reaches_the_arbiter(
 
 
 def test_a_process_holding_the_device_without_the_manager_is_shown_with_its_app(
-    start_onnxruntime: Callable[..., DaemonProcess], cgroups: CgroupTree
+    start_apps: Callable[..., DaemonProcess], cgroups: CgroupTree
 ) -> None:
     """No accelerator here: /dev/null stands in for its node (`--device-node`), held by a
     process of its own uid in an app's cgroup; the daemon's own descriptors never count."""
@@ -313,7 +329,7 @@ def test_a_process_holding_the_device_without_the_manager_is_shown_with_its_app(
 
     from helpers.real_daemon import info, wait_for
 
-    served = start_onnxruntime("--device-node", "/dev/null")
+    served = start_apps("--device-node", "/dev/null")
     holder = cgroups.spawn(
         INDEXER,
         code="import os, sys; os.setuid(20001); f = open('/dev/null'); sys.stdin.read()",
@@ -346,9 +362,9 @@ def test_a_process_holding_the_device_without_the_manager_is_shown_with_its_app(
 
 
 def test_quotas_hold_per_app_and_per_uid_both(
-    start_onnxruntime: Callable[..., DaemonProcess], cgroups: CgroupTree
+    start_apps: Callable[..., DaemonProcess], cgroups: CgroupTree
 ) -> None:
-    served = start_onnxruntime("--max-requests-per-app", "2", "--max-requests-per-uid", "5")
+    served = start_apps("--max-requests-per-app", "2", "--max-requests-per-uid", "5")
     video = client_in(served, cgroups, VIDEO)
     indexer = client_in(served, cgroups, INDEXER)
     shell = client_in(served, None, None)

@@ -30,9 +30,10 @@ The apps' cgroups: where a systemd user manager runs for `--uid` (a desktop sess
 that user and the daemon's socket is given to the user's group; otherwise the script writes
 cgroupfs as root, making both cgroups below its own cgroup (the app's user manager's folder,
 `user@<uid>.service/app.slice/...`, mimicked), and each app moves itself in before it drops to
-the uid and connects. The development machines have no user manager: the cgroupfs path is
-what runs there. Processes, cgroups and the daemon are removed at the end, on Ctrl-C or on an
-error too.
+the uid and connects, and the daemon's `desktop` source watches that folder only (a focus
+written elsewhere on the machine, by a desktop or another run, changes nothing here). The
+development machines have no user manager: the cgroupfs path is what runs there.
+Processes, cgroups and the daemon are removed at the end, on Ctrl-C or on an error too.
 
     sudo python examples/focus/run.py [--seconds 5] [--phases 3] [--ladder L] [--json] [--quick]
 
@@ -234,16 +235,19 @@ class App:
 
 
 @contextlib.contextmanager
-def serve(directory: Path, gid: int, ladder: str | None = None) -> Iterator[Path]:
+def serve(
+    directory: Path, gid: int, ladder: str | None = None, root: Path | None = None
+) -> Iterator[Path]:
     """`npu-manager serve --driver onnxruntime` on a socket in `directory` that `gid` may use;
     its default importance sources (`rules`, `desktop`, `slices`) rank the apps, the
-    `desktop` source with `ladder` if given."""
+    `desktop` source with `ladder` if given and watching only `root` if given."""
     path = directory / "npu.sock"
     os.chmod(directory, 0o755)
     command = [sys.executable, "-m", "npumanager", "serve", "--driver", "onnxruntime"]
     command += ["--socket", str(path), "--socket-group", str(gid), "--log-level", "warning"]
-    if ladder is not None:
-        sources = ["rules", f"desktop:ladder={ladder}", "slices"]
+    desktop = [f"ladder={ladder}"] * (ladder is not None) + [f"root={root}"] * (root is not None)
+    if desktop:
+        sources = ["rules", "desktop:" + ",".join(desktop), "slices"]
         command += [arg for source in sources for arg in ("--importance", source)]
     daemon = subprocess.Popen(command, start_new_session=True)
     try:
@@ -337,7 +341,10 @@ def run(
     launcher = Launcher.choose(mount, home, uid)
     apps: dict[str, App] = {}
     try:
-        with tempfile.TemporaryDirectory() as tmp, serve(Path(tmp), launcher.gid, ladder) as socket:
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            serve(Path(tmp), launcher.gid, ladder, launcher.folder) as socket,
+        ):
             try:
                 for app_id in (CALL, INDEXER):
                     apps[app_id] = App(launcher, app_id, socket, flood_threads)
