@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import npumanager as npu
-from helpers.daemon_support import WAIT_S
+from helpers.daemon_support import WAIT_S, Daemons
 from npumanager.cli.units import NAMES, render
 from npumanager.daemon.peer import answers
 from npumanager.daemon.server.systemd import Notifier, inherited_sockets, notify_address
@@ -248,3 +248,35 @@ def test_clients_find_the_system_services_socket_when_they_have_no_daemon_of_the
     assert peer.default_socket_path() == user, "a user's own daemon comes first"
     monkeypatch.setenv("NPUMANAGER_SOCKET", "/elsewhere.sock")
     assert peer.default_socket_path() == Path("/elsewhere.sock")
+
+
+def test_ready_is_said_once_the_importance_sources_run(daemon: Daemons) -> None:
+    """READY=1 means serving with everything started: a client that comes at once is ranked
+    by the sources, and the daemon opens no descriptor of its own after it."""
+    started: list[str] = []
+
+    class Source:
+        def start(self, changed: object) -> None:
+            started.append("started")
+
+        def importance(self, app: object) -> None:
+            return None
+
+        def close(self) -> None:
+            pass
+
+    class Recording(Notifier):
+        def notify(self, *states: str) -> bool:
+            if "READY=1" in states:
+                started.append("READY=1")
+            return super().notify(*states)
+
+    daemon.on_a_thread(
+        npu.Service("vnpu", "status_quo", clock="real"),
+        notifier=Recording({}),
+        importance_sources=[("recording", Source())],  # type: ignore[list-item]
+    )
+    deadline = time.monotonic() + WAIT_S
+    while len(started) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert started == ["started", "READY=1"]

@@ -7,6 +7,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -76,20 +77,37 @@ class DaemonProcess:
             command = ["prlimit", f"--nofile={nofile[0]}:{nofile[1]}", *command]
         if user is not None:  # (uid, gid): a daemon that serves as that uid (daemon_as_user.py)
             command = [sys.executable, str(AS_USER), *map(str, user), *command[4:]]
+        self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        notify_path = directory / f"{name}.notify"
+        self._notify.bind(str(notify_path))
+        notify_path.chmod(0o666)  # a daemon that serves as a test uid sends to it too
         self.process = subprocess.Popen(
-            command, stderr=self._log, stdout=subprocess.DEVNULL, cwd=cwd
+            command,
+            stderr=self._log,
+            stdout=subprocess.DEVNULL,
+            cwd=cwd,
+            env={**os.environ, "NOTIFY_SOCKET": str(notify_path)},
         )
         self.wait_ready()
 
     def wait_ready(self, timeout: float = WAIT_S) -> None:
+        """Wait for the daemon's ``READY=1``, as systemd waits for a ``Type=notify`` service.
+
+        Not for the socket to listen: it listens before the daemon has started everything
+        (the importance sources' inotify and pipes), and a test that counts the daemon's
+        descriptors takes its baseline once they are open."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise AssertionError(f"the daemon exited early:\n{self.log()}")
-            if answers(self.socket):
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"the daemon did not listen within {timeout} s:\n{self.log()}")
+            self._notify.settimeout(min(0.5, max(0.0, deadline - time.monotonic())))
+            try:
+                if "READY=1" in self._notify.recv(4096).decode().splitlines():
+                    assert answers(self.socket), "READY=1 before the socket listens"
+                    return
+            except TimeoutError:
+                pass
+        raise AssertionError(f"the daemon was not ready within {timeout} s:\n{self.log()}")
 
     def log(self) -> str:
         if not self._log.closed:
@@ -105,6 +123,7 @@ class DaemonProcess:
             self.process.send_signal(sig)
         code = self.process.wait(timeout)
         self._log.close()
+        self._notify.close()
         return code
 
     def open_descriptors(self) -> int:

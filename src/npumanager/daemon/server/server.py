@@ -193,15 +193,15 @@ class Daemon:
         """Run until `stop()`, then close the service and every connection."""
         if self._binding is None:
             self.bind()
-        self.notifier.notify(
-            "READY=1", f"STATUS=serving on {self.socket_path}", f"MAINPID={os.getpid()}"
-        )
-        self._pet_watchdog(time.monotonic())
         self.importance.start(self.post)
         if self.count_device_users:
             self.device_users.count_against(
                 lambda held: self.post(lambda: self.service.count_outside_memory([held]))
             )
+        self.notifier.notify(  # once everything runs: the first client is ranked by all
+            "READY=1", f"STATUS=serving on {self.socket_path}", f"MAINPID={os.getpid()}"
+        )
+        self._pet_watchdog(time.monotonic())
         self.leadership.run(self._loop_turn, self._shutdown)
 
     def _loop_turn(self) -> bool:
