@@ -55,6 +55,11 @@ nitpick_ignore_regex = [
     #   a placeholder, not an object to document;
     ("py:class", r"npumanager\.core\.client\.lease\.Model"),
     ("py:class", r"npumanager\.core\.plugins\.registry\._M"),
+    ("py:class", r"npumanager\.checks\.Options"),
+    # - what a daemon's scan of the processes holding the device finds, which
+    #   Service.show_device_users' provider returns: the daemon's wiring, not an app's API
+    #   (imported for type checking only, so autodoc sees the bare name);
+    ("py:class", r"DeviceUser"),
     # - the in-process implementation of Backend (documented), which Service builds and
     #   Service.backend returns; its constructor takes the service's internals;
     ("py:class", r"npumanager\.core\.service\.backend\.LocalBackend"),

@@ -290,7 +290,7 @@ class Service:
         self._telemetry.hub.uid_names.set(resolve)
 
     def show_device_users(self, provide: Callable[[], Sequence[DeviceUser]]) -> None:
-        """Give sinks that show the device's other users (Prometheus) `provide`, which
+        """Give sinks that show the device's other users (Prometheus) ``provide``, which
         returns the processes using the accelerator without the manager (a daemon's scan)."""
         self._telemetry.hub.device_users.set(provide)
 
