@@ -100,6 +100,15 @@ class PausesChannelZeroScheduler(DeviceScheduler[Any]):
         return sorted(self._run(), key=lambda w: w.channel)[: len(chosen)]
 
 
+class FloorNeverOwedScheduler(DeviceScheduler[Any]):
+    """The floor credit clamped at 0 from above (a sign slip in its bounds): a lower band
+    is never owed, and waits while a more important band keeps the device busy."""
+
+    def __init__(self, spec: Any) -> None:
+        super().__init__(spec)
+        self._credit_bounds = (self._credit_bounds[0], 0)
+
+
 def on_scheduler(scheduler: type[DeviceScheduler[Any]]) -> type[ReferenceEngine]:
     """A reference engine whose devices schedule with `scheduler`."""
 

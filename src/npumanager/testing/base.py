@@ -95,6 +95,28 @@ def completion_order(events: list[WorkEvent]) -> list[int]:
     return [e.id for e in events if e.kind == EventKind.ENDED and e.reason == EndReason.COMPLETED]
 
 
+def first_start_us(events: list[WorkEvent], work: int) -> int | None:
+    """When one work id first got a channel, if it did."""
+    return next((e.time_us for e in events if e.id == work and e.kind == EventKind.STARTED), None)
+
+
+def channel_time_us(events: list[WorkEvent], work: int, until_us: int) -> int:
+    """How long one work id held a channel before `until_us`: its runs, from each STARTED to
+    the ENDED after it, cut at `until_us`."""
+    held, since = 0, None
+    for e in events:
+        if e.id != work:
+            continue
+        if e.kind == EventKind.STARTED:
+            since = e.time_us
+        elif e.kind == EventKind.ENDED and since is not None:
+            held += max(0, min(e.time_us, until_us) - since)
+            since = None
+    if since is not None:
+        held += max(0, until_us - since)
+    return held
+
+
 class SuiteBase:
     """Fixtures and helpers of `DriverSuite`; no tests."""
 

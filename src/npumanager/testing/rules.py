@@ -171,7 +171,8 @@ RULES: tuple[Rule, ...] = (
         "FloorForLowerBands",
         "test_FloorForLowerBands",
         "fair_share",
-        "a lower band with waiting work gets its floor share",
+        "a lower band with waiting work gets its floor share: done before the busy band's "
+        "last job, or held a channel for its length before that job started",
     ),
     Rule(
         "PausedResumed",
