@@ -5,6 +5,10 @@ counts and opens a model through it (`count`, `open`: the `SessionHost` a real d
 takes) and gets a `HostedSession`, which its channels run as any session: the device
 scheduler decides what runs; the host only executes. A host that dies (a crash, a kill)
 fails what waits on it at once and calls `on_death` with why; `kill` ends it with SIGKILL.
+
+Requests go on the host's control socket, answered through its reader thread; an
+inference goes on a runner (`Runner`), a socket of its own that the calling thread
+borrows, sends on and reads the answer from itself.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from npumanager.daemon.host import messages
+from npumanager.daemon.host import messages, shared
 from npumanager.daemon.host.memory import (
     HELD_FACTOR,
     HOST_MEMORY_BASE_BYTES,
@@ -51,6 +55,14 @@ NOBODY = 65534
 """The uid and gid a host of root or of the daemon's own uid runs as."""
 
 
+@dataclass
+class RunCounts:
+    """How the inputs of the hosts' runs went: by place in the client's segment, or copied."""
+
+    in_place: int = 0
+    copied: int = 0
+
+
 @dataclass(frozen=True)
 class HostSettings:
     """What every host of a daemon is built with: the daemon's driver and its options."""
@@ -62,6 +74,8 @@ class HostSettings:
     start_s: float = HOST_ANSWER_S
     cgroups: MemoryCgroups | None = None
     """Where each host's memory cgroup is made (`daemon.host.memory`); None: no limit."""
+    counts: RunCounts = field(default_factory=RunCounts)
+    """Every host of the daemon counts its runs here (shown in `info`)."""
 
 
 def can_host(driver: object) -> bool:
@@ -114,6 +128,10 @@ class ModelHost:
         self._loading = 0
         self.cgroup: HostCgroup | None = None
         self._oom_killed = False
+        self._gone = threading.Event()
+        """Set once the reader has said why the host ended (`dead`)."""
+        self._idle_runners: dict[bool, list[Runner]] = {False: [], True: []}
+        self._runners: list[Runner] = []
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
         spec = {
@@ -211,6 +229,73 @@ class ModelHost:
                 messages.send(self._sock, {"op": op, **fields}, fds, payload)
         except OSError:
             pass  # the host died: the reader says so
+
+    def run(
+        self,
+        call: Call,
+        fds: Sequence[int],
+        payload: bytes,
+        segment: shared.SharedFile | None = None,
+        **fields: Any,
+    ) -> messages.Message:
+        """One inference on a runner of the call's kind, its inputs in `payload`, in
+        `fds` or at places in `segment`: the host's answer (its error raised). A run has no
+        time limit; `call`'s cancel stops it."""
+        runner = self._borrow(call.background)
+        run_id = next(self._ids)
+        call.arm(lambda: self.tell("cancel", run=run_id, runner=runner.index))
+        sending = list(fds)
+        if segment is not None:
+            fields["segment"] = segment.id
+            if runner.segment != segment.id:
+                sending.insert(0, segment.fd)
+        try:
+            messages.send(runner.sock, {"run": run_id, **fields}, sending, payload)
+            answer = messages.receive(runner.sock)
+        except IllegalArgumentError as exc:
+            self.kill()
+            raise ModelHostError(f"the model host answered a run badly ({exc}); killed") from None
+        except OSError:
+            answer = None
+        if answer is None:
+            runner.sock.close()
+            raise ModelHostError(f"the model host {self._ending()}")
+        if segment is not None:
+            runner.segment = segment.id
+        with self._lock:
+            self._idle_runners[call.background].append(runner)
+            if segment is None:
+                self.settings.counts.copied += 1
+            else:
+                self.settings.counts.in_place += 1
+        if "error" in answer.header:
+            for fd in answer.fds:
+                os.close(fd)
+            raise _error_class(answer.header["error"])(str(answer.header.get("message", "")))
+        return answer
+
+    def _borrow(self, background: bool) -> Runner:
+        """An idle runner of the kind, or a new one (a socketpair whose other end the host
+        serves on a thread of its own, niced for the background)."""
+        with self._lock:
+            if self.dead is not None:
+                raise ModelHostError(f"the model host {self.dead}")
+            idle = self._idle_runners[background]
+            if idle:
+                return idle.pop()
+            runner = Runner(len(self._runners) + 1, background)
+            self._runners.append(runner)
+        theirs = runner.pair()
+        try:
+            self.tell("runner", [theirs.fileno()], runner=runner.index, background=background)
+        finally:
+            theirs.close()
+        return runner
+
+    def _ending(self) -> str:
+        """Why the host ended, once its reader has said (a runner's socket may close first)."""
+        self._gone.wait(self.settings.answer_s)
+        return self.dead or "ended"
 
     def count(
         self, model: Any, sidecars: Mapping[str, int], allowed: int | None = None
@@ -335,6 +420,7 @@ class ModelHost:
             self._on_death(why)
         for future in waiting.values():
             future.set_result(None)
+        self._gone.set()
         with contextlib.suppress(OSError):
             self._sock.close()
 
@@ -362,6 +448,26 @@ class ModelHost:
             self._process.kill()
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
+        with self._lock:
+            runners = list(self._runners)
+        for runner in runners:
+            with contextlib.suppress(OSError):
+                runner.sock.shutdown(socket.SHUT_RDWR)
+
+
+class Runner:
+    """A socket on which one inference at a time goes to the host and its answer comes
+    back; `segment` is the id of the shared segment the host has mapped for it."""
+
+    def __init__(self, index: int, background: bool) -> None:
+        self.index = index
+        self.background = background
+        self.segment: int | None = None
+        self.sock, self._theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+    def pair(self) -> socket.socket:
+        """The host's end: the caller sends it once and closes it."""
+        return self._theirs
 
 
 @dataclass(frozen=True)
@@ -389,29 +495,24 @@ class HostedSession:
         self.target = target
 
     def run(self, feeds: dict[str, np.ndarray], call: Call) -> list[np.ndarray]:
-        """Run one inference in the host: inputs in a memfd, outputs in the one it sends."""
+        """Run one inference in the host: inputs by place in the client's segment when they
+        lie there, else in the message or a memfd; outputs in the answer or its memfd."""
         host = self.host
         arrays = list(feeds.values())
-        packed = messages.pack_tensors(arrays)
-        payload, fds = b"", []
-        if packed is None:
+        payload, fds, segment = b"", [], None
+        placed = shared.locate(arrays)
+        if placed is not None:
+            segment, offsets = placed
+            refs = messages.refs_at(arrays, offsets)
+        elif (packed := messages.pack_tensors(arrays)) is not None:
+            payload, refs = packed
+        else:
             fd, refs = messages.write_tensors(arrays, "npu-in")
             fds.append(fd)
-        else:
-            payload, refs = packed
-        run_id = next(host._ids)
+        del arrays, placed
         try:
-            call.arm(lambda: host.tell("cancel", run=run_id))
-            answer = host.ask(
-                "run",
-                fds,
-                timeout=None,
-                payload=payload,
-                run=run_id,
-                model=self.model_id,
-                names=list(feeds),
-                inputs=refs,
-                background=call.background,
+            answer = host.run(
+                call, fds, payload, segment, model=self.model_id, names=list(feeds), inputs=refs
             )
         finally:
             for fd in fds:

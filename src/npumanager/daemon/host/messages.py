@@ -139,6 +139,14 @@ def pack_tensors(arrays: Sequence[np.ndarray]) -> tuple[bytes, list[dict[str, An
     return bytes(out), refs
 
 
+def refs_at(arrays: Sequence[np.ndarray], offsets: Sequence[int]) -> list[dict[str, Any]]:
+    """Refs to contiguous arrays that already lie at `offsets` of a mapping the host has."""
+    return [
+        {"dtype": tensors.dtype_name(a), "shape": list(a.shape), "offset": at, "nbytes": a.nbytes}
+        for a, at in zip(arrays, offsets, strict=True)
+    ]
+
+
 def write_tensors(arrays: Sequence[np.ndarray], name: str) -> tuple[int, list[dict[str, Any]]]:
     """A memfd holding the arrays one after the other (`tensors.layout`), and a ref per
     array: its dtype, shape, offset and size."""
@@ -162,10 +170,11 @@ def write_tensors(arrays: Sequence[np.ndarray], name: str) -> tuple[int, list[di
     return fd, refs
 
 
-def read_tensors(source: int | bytes, refs: Any) -> list[np.ndarray]:
-    """Arrays over the tensors of a memfd (closed after) or of a message's payload, each
-    checked first: its dtype, its shape against its size, its bytes inside the source."""
-    if isinstance(source, bytes):
+def read_tensors(source: int | bytes | mmap.mmap, refs: Any) -> list[np.ndarray]:
+    """Arrays over the tensors of a memfd (closed after), of a message's payload or of a
+    mapping, each checked first: its dtype, its shape against its size, its bytes inside
+    the source."""
+    if not isinstance(source, int):
         checked = _checked_refs(refs, len(source))
         return [
             tensors.view(source, dtype, shape, offset) if nbytes else np.empty(shape, dtype)

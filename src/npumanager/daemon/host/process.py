@@ -6,20 +6,26 @@ line. It confines itself first (`sandbox.confine`: an empty working directory, a
 namespace of its own, no new privileges, the unprivileged uid it was given), building the
 daemon's driver from the same plugin and options just before it drops its uid (the
 runtime's files may be readable by the daemon's uid only), and serves the daemon's requests:
-`count` (parse a model from the descriptors sent and count its weights), `open`, `run` (on
-a thread of its own: inputs in a memfd, outputs written to a new memfd sent back),
-`cancel`, `band` and `drop`. It ends when the daemon's end closes.
+`count` (parse a model from the descriptors sent and count its weights), `open`,
+`runner`, `cancel`, `band` and `drop`. It ends when the daemon's end closes.
+
+Inferences do not cross the control socket: `runner` hands the host one end of a socket
+of their own, served by a thread that runs each inference it reads and answers on the
+same socket, so a run costs one message each way and no hand-off between threads. Its
+inputs come in the message, in a memfd, or as places in the client's shared segment (its
+memfd sent along with the runner's first run over it, mapped read-only); outputs go back
+in the message or in a new memfd.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import os
 import socket
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -27,15 +33,13 @@ import numpy as np
 from npumanager.daemon.heap import give_back_memory
 from npumanager.daemon.host import messages
 from npumanager.daemon.host.sandbox import confine
-from npumanager.errors import NpuManagerError
+from npumanager.errors import IllegalArgumentError, NpuManagerError
 from npumanager.modelfiles import read_model_file
 from npumanager.schemas.limits import DEFAULT_MAX_MODEL_FILE_BYTES
 from npumanager.vendor_drivers.realexec.base import RealDriver
 from npumanager.vendor_drivers.realexec.osprio import lower_thread_priority
 from npumanager.vendor_drivers.realexec.session import Call, Counted, Session
 
-RUNNERS = 4
-"""Threads of each kind that run inferences; the daemon's channels bound what runs at once."""
 BACKGROUND_NICE = 10
 """How much lower a background inference's thread runs (`nice` steps), as the driver's own
 background workers do."""
@@ -52,15 +56,11 @@ class Host:
         self._sessions: dict[int, Session] = {}
         self._calls: dict[int, Call] = {}
         self._lock = threading.Lock()
-        self._runners = (
-            ThreadPoolExecutor(RUNNERS, thread_name_prefix="npu-host-run"),
-            ThreadPoolExecutor(
-                RUNNERS,
-                thread_name_prefix="npu-host-background",
-                initializer=lambda: lower_thread_priority(BACKGROUND_NICE, False),
-            ),
-        )
-        """Threads that run inferences: the foreground's, and the background's (niced)."""
+        self._received: dict[int, int] = {}
+        """The last run id each runner read: a cancel for a later one came before its run."""
+        self._early: dict[int, int] = {}
+        """A cancel per runner that came before its run (one at most: a runner carries one
+        run at a time, and the daemon cancels only the run in flight on it)."""
 
     def serve(self) -> None:
         """Answer the daemon's requests until it closes its end."""
@@ -71,15 +71,10 @@ class Host:
                 return
             if message is None:
                 return
-            header, payload, fds = message
+            header, _, fds = message
             op = header.get("op")
-            if op == "run":
-                # Known before any later message is read: a cancel that follows at once finds it.
-                call = Call(bool(header.get("background")))
-                with self._lock:
-                    self._calls[header["run"]] = call
-                runners = self._runners[call.background]
-                runners.submit(self._run, header, payload, fds, call)
+            if op == "runner":
+                self._start_runner(header, fds)
                 continue
             try:
                 reply = self._handle(op, header, fds)
@@ -90,6 +85,64 @@ class Host:
                     os.close(fd)
             if "id" in header:
                 self._reply({"id": header["id"], **reply})
+
+    def _start_runner(self, header: dict[str, Any], fds: list[int]) -> None:
+        if len(fds) != 1:
+            _close(fds)
+            return
+        index, background = int(header["runner"]), bool(header.get("background"))
+        sock = socket.socket(fileno=fds[0])
+        threading.Thread(
+            target=self._serve_runner,
+            args=(sock, index, background),
+            name=f"npu-host-{'background' if background else 'run'}-{index}",
+            daemon=True,
+        ).start()
+
+    def _serve_runner(self, sock: socket.socket, index: int, background: bool) -> None:
+        """Run each inference the runner's socket brings, and answer on it."""
+        if background:
+            lower_thread_priority(BACKGROUND_NICE, False)
+        segment: tuple[int, mmap.mmap] | None = None
+        with sock:
+            while True:
+                try:
+                    message = messages.receive(sock)
+                except (OSError, IllegalArgumentError):
+                    return
+                if message is None:
+                    return
+                header, payload, fds = message
+                run_id = header["run"]
+                call = Call(background)
+                with self._lock:
+                    self._received[index] = run_id
+                    early = self._early.pop(index, None)
+                    self._calls[run_id] = call
+                if early == run_id:
+                    call.cancel()
+                source: int | bytes | mmap.mmap = payload
+                try:
+                    if "segment" in header:
+                        segment = _mapped(header["segment"], fds, segment)
+                        source = segment[1]
+                    elif fds:
+                        source = fds.pop()
+                    reply, out = self._run(header, source, call)
+                except Exception as exc:
+                    reply, out = _error(exc), None
+                finally:
+                    _close(fds)
+                    with self._lock:
+                        self._calls.pop(run_id, None)
+                answer = reply.pop("payload", b"")
+                try:
+                    messages.send(sock, reply, [] if out is None else [out], answer)
+                except OSError:
+                    return
+                finally:
+                    if out is not None:
+                        os.close(out)
 
     def _handle(self, op: Any, header: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         if op == "count":
@@ -130,37 +183,30 @@ class Host:
             give_back_memory()
             return {}
         if op == "cancel":
+            run_id, runner = header["run"], header["runner"]
             with self._lock:
-                call = self._calls.get(header["run"])
+                call = self._calls.get(run_id)
+                if call is None and run_id > self._received.get(runner, 0):
+                    self._early[runner] = run_id
             if call is not None:
                 call.cancel()
             return {}
         raise NpuManagerError(f"unknown host op {op!r}")
 
-    def _run(self, header: dict[str, Any], payload: bytes, fds: list[int], call: Call) -> None:
-        reply_id, run_id = header["id"], header["run"]
-        out_fd = -1
-        try:
-            arrays = messages.read_tensors(fds.pop() if fds else payload, header["inputs"])
-            feeds = dict(zip(header["names"], arrays, strict=True))
-            outputs = [np.asarray(o) for o in self._sessions[header["model"]].run(feeds, call)]
-            packed = messages.pack_tensors(outputs)
-            if packed is None:
-                out_fd, refs = messages.write_tensors(outputs, f"npu-out-{run_id}")
-        except Exception as exc:
-            _close(fds)
-            self._reply({"id": reply_id, **_error(exc)})
-            return
-        finally:
-            with self._lock:
-                self._calls.pop(run_id, None)
+    def _run(
+        self, header: dict[str, Any], source: int | bytes | mmap.mmap, call: Call
+    ) -> tuple[dict[str, Any], int | None]:
+        """One inference: the reply and the memfd its outputs are in (None: in the reply's
+        ``payload``)."""
+        arrays = messages.read_tensors(source, header["inputs"])
+        feeds = dict(zip(header["names"], arrays, strict=True))
+        outputs = [np.asarray(o) for o in self._sessions[header["model"]].run(feeds, call)]
+        del feeds, arrays
+        packed = messages.pack_tensors(outputs)
         if packed is not None:
-            self._reply({"id": reply_id, "outputs": packed[1]}, payload=packed[0])
-            return
-        try:
-            self._reply({"id": reply_id, "outputs": refs}, [out_fd])
-        finally:
-            os.close(out_fd)
+            return {"outputs": packed[1], "payload": packed[0]}, None
+        out_fd, refs = messages.write_tensors(outputs, f"npu-out-{header['run']}")
+        return {"outputs": refs}, out_fd
 
     def _reply(
         self, header: dict[str, Any], fds: list[int] | None = None, payload: bytes = b""
@@ -168,6 +214,23 @@ class Host:
         # An OSError: the daemon went, and serve() ends on its next receive.
         with self._send_lock, contextlib.suppress(OSError):
             messages.send(self._sock, header, fds or (), payload)
+
+
+def _mapped(
+    segment_id: Any, fds: list[int], mapped: tuple[int, mmap.mmap] | None
+) -> tuple[int, mmap.mmap]:
+    """The client's segment a run names: the runner's mapping of it, or a new one of the
+    memfd sent with the run (the first descriptor, taken)."""
+    if mapped is not None and mapped[0] == segment_id:
+        return mapped
+    if not fds:
+        raise IllegalArgumentError(f"a run names segment {segment_id!r}, never sent")
+    fd = fds.pop(0)
+    try:
+        memory = mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    return segment_id, memory
 
 
 def _close(fds: list[int]) -> None:

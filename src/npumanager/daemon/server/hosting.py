@@ -52,13 +52,16 @@ class Hosting:
         return started
 
     def describe(self) -> dict[str, Any]:
-        """For `info`: the hosts' driver, how many started and died, their memory limit."""
+        """For `info`: the hosts' driver, how many started and died, their memory limit,
+        and how their runs' inputs went (by place in the client's segment, or copied)."""
         cgroups = self.settings.cgroups
         return {
             "driver": self.settings.driver,
             "started": self.started,
             "died": self.died,
             "memory_limit": None if cgroups is None else cgroups.kind,
+            "runs_in_place": self.settings.counts.in_place,
+            "runs_copied": self.settings.counts.copied,
         }
 
     def _died(self, ref: weakref.ref[Connection], host: ModelHost, why: str) -> None:

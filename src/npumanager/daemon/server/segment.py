@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from npumanager.daemon.host.shared import share
 from npumanager.daemon.wire import protocol as p
 from npumanager.daemon.wire import tensors
 from npumanager.daemon.wire.tensors import TensorFields
@@ -78,6 +79,8 @@ class SharedSegment:
         except OSError as exc:
             raise IllegalArgumentError(f"the shared segment cannot be mapped: {exc}") from None
         self.size = size
+        self.shared = share(self.memory, fd)
+        """The segment as model hosts map it too (`daemon.host.shared`)."""
 
     def inputs(self, refs: Sequence[TensorFields]) -> dict[str, np.ndarray]:
         """Arrays over the segment for an inference's inputs, each checked first."""
