@@ -14,7 +14,9 @@
 * hosted: the same two through a daemon started with `--model-hosts` (the model runs in a
   host process: one more hop); `hosted_*_vs_floor` is its overhead over the floor's.
   Targets (issue 29): 4 KiB p50 at most 2x the floor, 1 MiB `shared_array` p50 at most
-  1.5x.
+  1.5x. The floor crosses one process boundary each way and a hosted run two (client to
+  daemon, daemon to host), so 2x is what a hosted run would cost with no code of ours at
+  all; on this kind of machine each crossing is mostly the wake-up of a sleeping CPU.
 * floor: a bare round trip with no framework (benchmarks/ipc_floor.py: a memfd, a
   socketpair and a process blocked in recv running the same model's session) less the
   same session run here, in the same rounds: what moving the input to another process
