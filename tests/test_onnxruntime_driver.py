@@ -430,3 +430,25 @@ def test_a_futures_callbacks_run_without_the_drivers_lock() -> None:
         while not others_went_on and time.monotonic() < deadline:
             time.sleep(0.01)
         assert others_went_on == [True]
+
+
+def test_the_restart_preemption_rule_fails_a_driver_that_never_restarts() -> None:
+    """Each attempt of the rule without a pause is tried again (a busy machine may hide the
+    premise), and the last one judged: a driver that never stops a running job still fails."""
+    record = load_plugins().driver("onnxruntime")
+    suite = TestOnnxRuntimeConformance()
+    suite._caps = frozenset(record.capabilities)  # what the capability gate sets
+    suite.real_time_tries = 2
+    made: list[Any] = []
+
+    def make(devices: Any = None) -> Any:
+        made.append(record.factory(devices=devices, restart_preemption=False))
+        return made[-1]
+
+    try:
+        with pytest.raises(AssertionError, match="RestartPreemption: expected the running"):
+            suite.test_RestartPreemption(make)
+        assert len(made) == 2, "tried again once before judging"
+    finally:
+        for built in made:
+            built.close()
