@@ -38,6 +38,7 @@ from npumanager.daemon.server.stats import DaemonStats
 from npumanager.daemon.wire import protocol as p
 from npumanager.errors import (
     CapacityError,
+    DaemonUnavailableError,
     IllegalArgumentError,
     NpuManagerError,
     QuotaExceededError,
@@ -84,6 +85,7 @@ class InferenceCalls:
         self.hosting = hosting
         """Where clients' models run: in a host of each connection's own, or in here."""
         self._loader = Loader()
+        self._stopping = False
         """Opens models off the loop, one at a time, at most a few per connection."""
         self.handlers: dict[type[p.Call], Handler] = {
             p.Attach: self.on_attach,
@@ -208,6 +210,8 @@ class InferenceCalls:
         connection = ref()
         if connection is None or connection.closed:
             return  # the client is gone: its requests ended and their models went with them
+        if self._stopping:  # the service closed under the load: its request ended with it
+            outcome = DaemonUnavailableError("the daemon is stopping; the model was not loaded")
         if isinstance(outcome, Exception):
             connection.send(call_error(seq, outcome, self.stats, "load_real", uid))
             return
@@ -248,6 +252,7 @@ class InferenceCalls:
     def close(self) -> tuple[int, bool]:
         """Stop the loader: none queued starts, and one in progress is not waited for.
         Returns how many queued loads were dropped and whether one was in progress."""
+        self._stopping = True
         return self._loader.close()
 
     def on_infer(self, connection: Connection, message: p.Infer) -> dict[str, Any] | NoReply:
