@@ -315,8 +315,6 @@ def measure(samples: int, rounds: int, attacks: list[str] | None = None) -> dict
                         time.sleep(1.0)  # its connections closed, memory handed back
                         after.append(_daemon_state(daemon.pid))
             progress.done()
-            with npu.DaemonClient(path) as admin:
-                held_back = admin.info()["daemon"]["held_back"]
         finally:
             client.close()
             daemon.terminate()
@@ -329,7 +327,6 @@ def measure(samples: int, rounds: int, attacks: list[str] | None = None) -> dict
         "attacker_has_own_uid": os.geteuid() == 0,
         "most_fds_after": max(fds - start[0] for fds, _ in after),
         "most_rss_mib_after": round(max(rss - start[1] for _, rss in after), 1),
-        "held_back": held_back,
     }
     for name, rows in figures.items():
         p50 = statistics.median(r[0] for r in rows)

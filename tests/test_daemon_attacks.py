@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 import npumanager as npu
-from helpers.attackers import ATTACK_UID, Attacker
 from helpers.daemon_support import (
+    ATTACKER,
     BACKGROUND_UID,
     FOREGROUND_UID,
     SOCKET_GID,
@@ -48,11 +48,63 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="giving client processes their own uids needs root"
 )
 
+ATTACK_UID = 20021
 GIB = 1 << 30
 MIB = 1 << 20
 CAN_LOAD_NOW = int(ModelLoadStatus.CAN_LOAD_NOW)
 RSS_SLACK_KIB = 8 << 10
 """How far above its start the daemon's resident size may stay once an attack is over."""
+
+
+class Attacker:
+    """One hostile client process (see daemon_attacker.py)."""
+
+    def __init__(
+        self,
+        socket_path: Path,
+        kind: str,
+        count: int,
+        *,
+        uid: int = ATTACK_UID,
+        gid: int | None = None,
+        per: int = 1,
+        timeout: float = WAIT_S,
+    ) -> None:
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                str(ATTACKER),
+                str(socket_path),
+                str(uid),
+                str(uid if gid is None else gid),
+                str(SOCKET_GID),
+                kind,
+                str(count),
+                str(per),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        line = _readline(self.process.stdout, timeout)
+        assert line, f"the {kind} attacker ended without reporting"
+        self.report: dict[str, Any] = json.loads(line)["ready"]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            assert self.process.stdin is not None
+            self.process.stdin.write("exit\n")
+            self.process.stdin.flush()
+            self.process.wait(WAIT_S)
+
+
+def _readline(stream: Any, timeout: float) -> str:
+    result: list[str] = []
+    reader = threading.Thread(target=lambda: result.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return result[0] if result else ""
 
 
 @pytest.fixture

@@ -97,8 +97,6 @@ class Connection:
         """What the loop's selector watches the socket for."""
         self.paused = False
         """Unread replies passed `OUTBOX_PAUSE_BYTES`: nothing is read until it drains."""
-        self.held_until = 0.0
-        """Its uid used its share of the loop (`loopshare`): not read until then."""
         self.last_active = now
         self.callback = RemoteCallback(self)
         self.descriptors: deque[int] = deque()

@@ -70,9 +70,6 @@ _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errn
 _OWN_FDS = 16
 """Descriptors the daemon needs for itself (selector, wake pipe, lock, logs, driver)."""
 _IDLE_SCAN_S = 1.0
-IDLE_RELEASE_S = 0.001
-"""A loop that waited this long with no one to serve lets the uids held back go
-(`loopshare`): a share holds a uid back for the others' sake, never for an idle loop."""
 ACCEPTS_PER_TURN = 8
 """Connections accepted in one turn of the loop, before every client's frames are served."""
 _TRIM_AFTER_BYTES = 1 << 20
@@ -211,18 +208,9 @@ class Daemon:
         """One turn of the loop (on the thread leading it); False once it is to stop."""
         if self._stopping:
             return False
-        transport = self.transport
-        timeout = 0.0 if transport.backlog else self._timeout()
-        if transport.held and (timeout is None or timeout > IDLE_RELEASE_S):
-            timeout = IDLE_RELEASE_S
-        ready = self._selector.select(timeout)
-        if not ready and timeout == IDLE_RELEASE_S:
-            transport.release_all()  # no one else came: the loop does not idle for a share
-        if len(ready) > 1:
-            ready.sort(key=transport.order)
-        for key, mask in ready:
+        for key, mask in self._selector.select(0 if self.transport.backlog else self._timeout()):
             key.data(key.fileobj, mask)
-        transport.serve_backlog()
+        self.transport.serve_backlog()
         self._on_time(time.monotonic())
         self._turn()
         return True
@@ -283,8 +271,6 @@ class Daemon:
             times.append(self._trim_at)
         if self._watchdog_at is not None:
             times.append(self._watchdog_at)
-        if (release := self.transport.next_release()) is not None:
-            times.append(release)
         return max(0.0, min(times) - time.monotonic()) if times else None
 
     def _dropped(self, connection: Connection) -> None:
@@ -315,7 +301,6 @@ class Daemon:
             self._watchdog_at = now + self.notifier.watchdog_s
 
     def _on_time(self, now: float) -> None:
-        self.transport.release_held(now)
         if self._watchdog_at is not None and now >= self._watchdog_at:
             self._pet_watchdog(now)
         if self._trim_at is not None and now >= self._trim_at:
@@ -350,7 +335,6 @@ class Daemon:
         """Accept at most `ACCEPTS_PER_TURN` connections, then serve a turn: a storm of
         connections waits its turn like any client's frames."""
         for _ in range(ACCEPTS_PER_TURN):
-            started = time.perf_counter()
             try:
                 sock, _address = listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -362,14 +346,13 @@ class Daemon:
                     self._log.warning("accept failed: %s", exc)
                 return
             try:
-                self._admit(sock, started)
+                self._admit(sock)
             except Exception as exc:
                 self.stats.internal_errors += 1
                 self._log.warning("admitting a connection failed: %r", exc)
                 sock.close()
 
-    def _admit(self, sock: socket.socket, started: float) -> None:
-        """Take a new connection, or refuse it; the time it took is its uid's."""
+    def _admit(self, sock: socket.socket) -> None:
         try:
             peer = peer_credentials(sock)
         except OSError as exc:
@@ -377,18 +360,14 @@ class Daemon:
             sock.close()
             return
         management = self.calls.may_manage(peer)
-        now = time.monotonic()
         if not self.admission.admit(sock, peer, management, len(self.transport.connections)):
-            self.transport.share.charge(peer.uid, time.perf_counter() - started, now, management)
             return
         sock.setblocking(False)
+        now = time.monotonic()
         connection = Connection(
             self.transport, sock, peer, usage=self.usage, management=management, now=now
         )
         self.transport.add(connection)
-        self.transport.charge(connection, time.perf_counter() - started)
-        if not connection.held_until and (held := self.transport.share.held_until(peer.uid, now)):
-            self.transport.hold(connection, held)  # its hello waits for its uid's turn
         self._awaiting_hello[connection] = now + self.hello_timeout_s
         self.stats.accepted += 1
         self._info.changed()

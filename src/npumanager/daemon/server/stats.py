@@ -34,9 +34,6 @@ class DaemonStats:
         self.lanes_opened = 0
         self.loads_dropped = 0
         """Model loads never run: their client went while they waited (`daemon.loader`)."""
-        self.held_back = 0
-        """Times a connection was not read for a while: its uid had used its share of the
-        loop while other uids wanted it (`daemon.server.loopshare`)."""
         self.lane_frames_repeated = 0
         """Lane requests byte for byte the lane's last one, taken as it was (`daemon.lane`)."""
 

@@ -1,12 +1,10 @@
 """Moving bytes for every client: reading in slices, writing, backpressure, the budget.
 
 The loop (`server.Daemon`) hands readable and writable sockets here. Each connection's
-frames are handled a slice at a time, so a pipeline cannot hold up the others; the loop's
-time each read takes is charged to the client's uid, and a uid past its share while others
-want the loop is not read for a while (`loopshare`); a client that leaves
-`OUTBOX_PAUSE_BYTES` unread is not read again until it drains; the bytes buffered for all
-clients stay within the daemon-wide budget, dropping the connection that holds the most
-when they would not.
+frames are handled a slice at a time, so a pipeline cannot hold up the others; a client
+that leaves `OUTBOX_PAUSE_BYTES` unread is not read again until it drains; the bytes
+buffered for all clients stay within the daemon-wide budget, dropping the connection
+that holds the most when they would not.
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ from typing import Any
 from npumanager.daemon.server.connection import Connection
 from npumanager.daemon.server.frames import FrameHandler, clip
 from npumanager.daemon.server.info import InfoCache
-from npumanager.daemon.server.loopshare import LoopShare
 from npumanager.daemon.server.quotas import DaemonLimits, UidUsage
 from npumanager.daemon.server.ratelog import RateLimitedLog
 from npumanager.daemon.server.stats import DaemonStats
@@ -83,9 +80,6 @@ class Transport:
         """Bytes buffered for all clients: partial frames and unsent replies."""
         self.freed = 0
         """Bytes of client buffers freed since memory was last handed back."""
-        self.share = LoopShare()
-        self.held: dict[int, tuple[float, set[Connection]]] = {}
-        """By uid past its share: until when, and its connections not read till then."""
 
     def add(self, connection: Connection) -> None:
         """Watch a new connection's socket."""
@@ -135,15 +129,10 @@ class Transport:
         if connection is None:
             return
         try:
-            if mask & selectors.EVENT_READ and not connection.events & selectors.EVENT_READ:
-                self.drop(connection)  # not watched for reading: the client hung up
-                return
             if mask & selectors.EVENT_WRITE:
                 self.write(connection)
             if mask & selectors.EVENT_READ and not connection.closed:
-                started = time.perf_counter()
                 self.read(connection)
-                self.charge(connection, time.perf_counter() - started)
         except Exception as exc:
             self.stats.internal_errors += 1
             self._log.internal_error(
@@ -151,66 +140,9 @@ class Transport:
             )
             self.drop(connection)
 
-    def charge(self, connection: Connection, seconds: float) -> None:
-        """Charge the loop's time serving `connection` to its uid; hold the connection
-        back when the uid has used its share (`loopshare`)."""
-        uid = connection.peer.uid
-        until = self.share.charge(uid, seconds, time.monotonic(), connection.management)
-        if until and not connection.closed and not connection.held_until:
-            self.hold(connection, until)
-
-    def order(self, ready: tuple[selectors.SelectorKey, int]) -> float:
-        """Where a ready socket goes in the turn: connections by their uid's loop time in
-        hand, the most first (management first of all), then the rest (accepting)."""
-        connection = self.connections.get(ready[0].fd)
-        if connection is None:
-            return 1.0
-        if connection.management:
-            return -1.0
-        return -self.share.balance(connection.peer.uid, time.monotonic())
-
-    def hold(self, connection: Connection, until: float) -> None:
-        """Read nothing of `connection` until `until` (its buffered frames wait too)."""
-        connection.held_until = until
-        self.stats.held_back += 1
-        uid = connection.peer.uid
-        _, waiting = self.held.get(uid, (0.0, set()))
-        waiting.add(connection)
-        self.held[uid] = (until, waiting)
-        self.backlog.discard(connection)
-        self.dirty.add(connection)  # its socket is watched for reading no more
-
-    def release_held(self, now: float) -> None:
-        """Serve again the uids held back whose time came."""
-        for uid in [uid for uid, (until, _) in self.held.items() if until <= now]:
-            self._release(uid)
-
-    def release_all(self) -> None:
-        """Serve every held uid again now: the loop has nothing else to do."""
-        for uid in list(self.held):
-            self.share.let_go(uid)
-            self._release(uid)
-
-    def _release(self, uid: int) -> None:
-        _, waiting = self.held.pop(uid)
-        for connection in waiting:
-            connection.held_until = 0.0
-            if not connection.closed:
-                if connection.wire.pending:
-                    self.backlog.add(connection)  # frames it sent before are still buffered
-                self.dirty.add(connection)  # its socket is watched for reading again
-
-    def next_release(self) -> float | None:
-        """When the first held uid may be read again."""
-        return min((until for until, _ in self.held.values()), default=None)
-
     def read(self, connection: Connection) -> None:
-        if connection in self.backlog or connection.paused or connection.held_until:
+        if connection in self.backlog or connection.paused:
             return  # it has frames waiting their turn: read no more until they are handled
-        until = self.share.held_until(connection.peer.uid, time.monotonic())
-        if until:
-            self.hold(connection, until)  # another connection of a uid held back
-            return
         try:
             data, ancillary, flags, _ = connection.sock.recvmsg(
                 _RECV_BYTES, _ANCILLARY_BYTES, socket.MSG_CMSG_CLOEXEC
@@ -258,8 +190,6 @@ class Transport:
         unread gets nothing more handled until it reads.
         """
         self.backlog.discard(connection)
-        if connection.held_until:
-            return
         wire = connection.wire
         ends = time.perf_counter() + TURN_SLICE_S
         try:
@@ -292,9 +222,7 @@ class Transport:
     def serve_backlog(self) -> None:
         for connection in list(self.backlog):
             try:
-                started = time.perf_counter()
                 self.handle_frames(connection)
-                self.charge(connection, time.perf_counter() - started)
             except Exception as exc:
                 self.stats.internal_errors += 1
                 self._log.internal_error(
@@ -320,8 +248,9 @@ class Transport:
         if connection.paused and len(outbox) < OUTBOX_PAUSE_BYTES // 2:
             connection.paused = False
             self.backlog.add(connection)  # frames it sent meanwhile are still buffered
-        reading = not (connection.paused or connection.held_until)
-        events = (selectors.EVENT_READ if reading else 0) | (selectors.EVENT_WRITE if outbox else 0)
+        events = (0 if connection.paused else selectors.EVENT_READ) | (
+            selectors.EVENT_WRITE if outbox else 0
+        )
         if events != connection.events:
             connection.events = events
             self.selector.modify(connection.sock, events, self.io)
@@ -343,8 +272,6 @@ class Transport:
             connection.closed = True
         self.dirty.discard(connection)
         self.backlog.discard(connection)
-        if connection.held_until:
-            self.held.get(connection.peer.uid, (0.0, set()))[1].discard(connection)
         self._on_drop(connection)
         self.connections.pop(connection.fd, None)
         with contextlib.suppress(KeyError, ValueError):
