@@ -26,6 +26,7 @@ from npumanager.errors import (
     DriverClosedError,
     ExecutionError,
     IllegalArgumentError,
+    ModelHostError,
     UnknownWorkError,
 )
 from npumanager.schemas import EndReason, SchedulingConfig, StartReason
@@ -252,6 +253,7 @@ class Channels(DriverBase):
         assert call is not None
         outputs: list[np.ndarray] | None = None
         failure = ""
+        host_ended = False
         try:
             if session is None or feeds is None:
                 raise ExecutionError(f"work {work_id} ended before it ran")
@@ -260,6 +262,7 @@ class Channels(DriverBase):
             # Only its text: the exception's traceback holds this frame, and with it the
             # inputs (a client's shared segment), until the cycle collector ran.
             failure = str(exc)
+            host_ended = isinstance(exc, ModelHostError)  # the system ended it, not the model
         ended = -1
         device = work.device
         with self._mutex:
@@ -275,6 +278,9 @@ class Channels(DriverBase):
                     sched.stop(work, t, requeue=True)
                     self._event(ENDED, PAUSED, work, t)
                     self._wake(device)
+                    return None
+                if host_ended:  # as the host's death unloading the model would end it
+                    self._end(work, EndReason.CANCELLED_SYSTEM)
                     return None
                 sched.stop(work, t, requeue=False)
                 del live_work[work_id]
