@@ -128,19 +128,14 @@ def pack_tensors(arrays: Sequence[np.ndarray]) -> tuple[bytes, list[dict[str, An
     offsets, size = tensors.layout(contiguous)
     if size > INLINE_BYTES:
         return None
-    names = [tensors.dtype_name(a) for a in contiguous]
     out = bytearray(size)
     for a, offset in zip(contiguous, offsets, strict=True):
         out[offset : offset + a.nbytes] = a.tobytes()
-    refs = [
-        {"dtype": dtype, "shape": list(a.shape), "offset": offset, "nbytes": a.nbytes}
-        for a, dtype, offset in zip(contiguous, names, offsets, strict=True)
-    ]
-    return bytes(out), refs
+    return bytes(out), refs_at(contiguous, offsets)
 
 
 def refs_at(arrays: Sequence[np.ndarray], offsets: Sequence[int]) -> list[dict[str, Any]]:
-    """Refs to contiguous arrays that already lie at `offsets` of a mapping the host has."""
+    """Refs to contiguous arrays lying at `offsets` of a payload, a memfd or a mapping."""
     return [
         {"dtype": tensors.dtype_name(a), "shape": list(a.shape), "offset": at, "nbytes": a.nbytes}
         for a, at in zip(arrays, offsets, strict=True)
@@ -163,11 +158,7 @@ def write_tensors(arrays: Sequence[np.ndarray], name: str) -> tuple[int, list[di
     except BaseException:
         os.close(fd)
         raise
-    refs = [
-        {"dtype": dtype, "shape": list(a.shape), "offset": offset, "nbytes": a.nbytes}
-        for a, dtype, offset in zip(contiguous, names, offsets, strict=True)
-    ]
-    return fd, refs
+    return fd, refs_at(contiguous, offsets)
 
 
 def read_tensors(source: int | bytes | mmap.mmap, refs: Any) -> list[np.ndarray]:
