@@ -200,10 +200,12 @@ def test_a_host_that_outgrows_its_grants_is_killed_alone_and_its_app_told_why(
     assert cgroup.limit() == host_limit(weights, 0) // 4096 * 4096  # v1 keeps whole pages
 
     failed = greedy.send("real_run", id=1, rows=1, value=1.0)
-    # The run in flight fails with the host, or is cancelled as its model is unloaded:
-    # whichever the daemon sees first. The next call says why.
-    assert failed.get("error") in ("ExecutionError", "CancelledError"), failed
+    # The run in flight fails with its host, or is cancelled as its model is unloaded:
+    # whichever the daemon sees first. Once the loop has seen the death, the next call
+    # says why (the cgroup goes before the loop hears of it).
+    assert failed.get("error") in ("ModelHostError", "CancelledError"), failed
     wait_for(lambda: not cgroup.path.exists())
+    wait_for(lambda: info(daemon)["daemon"]["model_hosts"]["died"] == 1)  # type: ignore[index]
     again = greedy.send("real_run", id=1, rows=1, value=1.0)
     assert again.get("error") == "ModelHostError", again
     assert "used more memory than its grants allow" in again["message"], again

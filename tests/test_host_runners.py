@@ -225,3 +225,55 @@ def test_a_daemons_hosted_runs_take_their_inputs_from_the_segment(
     assert app.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
     hosts = info(daemon)["daemon"]["model_hosts"]
     assert hosts["runs_in_place"] >= 1 and hosts["runs_copied"] == 0, hosts
+
+
+class DyingHost:
+    """A model host (the `SessionHost` contract) whose sessions' runs fail as a runner
+    does when its host has died under it."""
+
+    why = "the model host was killed by SIGKILL (exit status -9)"
+
+    def count(self, model: object, sidecars: object, allowed: int | None = None) -> object:
+        return type("Counted", (), {"weight_bytes": 0})()
+
+    def open(self, device: int, counted: object, band: int) -> object:
+        from npumanager.errors import ModelHostError
+        from npumanager.vendor_drivers.realexec.session import InputSpec
+
+        class Session:
+            weight_bytes = 0
+            inputs = (InputSpec("x", (1, 4), np.dtype(np.float32)),)
+            target = "CPU"
+
+            def run(self, feeds: object, call: Call) -> list[np.ndarray]:
+                raise ModelHostError(DyingHost.why)
+
+            def set_band(self, band: int, bands: int) -> None:
+                pass
+
+            def close(self) -> None:
+                pass
+
+        return Session()
+
+    def discard(self, counted: object) -> None:
+        pass
+
+
+def test_a_run_whose_host_died_ends_cancelled_by_the_system_and_says_why() -> None:
+    """The run ends CANCELLED_SYSTEM, as the unload of the dead host's models would end
+    it, and its caller learns why rather than only that it was cancelled."""
+    from npumanager.core.driver.events import EventKind
+    from npumanager.core.driver.job import Job
+    from npumanager.errors import ModelHostError
+    from npumanager.schemas import EndReason
+    from npumanager.vendor_drivers.onnxruntime.driver import OnnxRuntimeDriver
+    from npumanager.vendor_drivers.realexec.session import InHost
+
+    with OnnxRuntimeDriver() as driver:
+        model = driver.load_model(0, model=InHost(DyingHost(), b"model"))  # type: ignore[arg-type]
+        future = driver.submit_future(model, Job(uid=10), {"x": np.zeros((1, 4), np.float32)})
+        with pytest.raises(ModelHostError, match="killed by SIGKILL"):
+            future.result(WAIT_S)
+        ends = [e.reason for e in driver.take_events() if e.kind == EventKind.ENDED]
+        assert ends == [EndReason.CANCELLED_SYSTEM]

@@ -191,8 +191,9 @@ class Channels(DriverBase):
             except KeyError:
                 raise LookupError(f"no outputs for work {work_id}") from None
 
-    def _end(self, work: Work, reason: EndReason) -> None:
-        """End live work now (lock held): out of the queue or stopped on its channel."""
+    def _end(self, work: Work, reason: EndReason, error: BaseException | None = None) -> None:
+        """End live work now (lock held): out of the queue or stopped on its channel;
+        its future fails with `error` where one says why better than the reason."""
         t = self.now_us
         sched = self._scheds[work.device]
         if work.channel >= 0:
@@ -204,7 +205,9 @@ class Channels(DriverBase):
         del self._work[work.id]
         work.feeds = None
         self._event(ENDED, int(reason), work, t)
-        if reason == EndReason.FAILED:
+        if error is not None:
+            work.future.fail(error)
+        elif reason == EndReason.FAILED:
             work.future.fail(ExecutionError(f"work {work.id} failed"))
         else:
             work.future.cancelled_by_driver()
@@ -253,7 +256,7 @@ class Channels(DriverBase):
         assert call is not None
         outputs: list[np.ndarray] | None = None
         failure = ""
-        host_ended = False
+        host_ended: ModelHostError | None = None
         try:
             if session is None or feeds is None:
                 raise ExecutionError(f"work {work_id} ended before it ran")
@@ -262,7 +265,8 @@ class Channels(DriverBase):
             # Only its text: the exception's traceback holds this frame, and with it the
             # inputs (a client's shared segment), until the cycle collector ran.
             failure = str(exc)
-            host_ended = isinstance(exc, ModelHostError)  # the system ended it, not the model
+            if isinstance(exc, ModelHostError):  # the system ended it, not the model
+                host_ended = ModelHostError(failure)
         ended = -1
         device = work.device
         with self._mutex:
@@ -279,8 +283,8 @@ class Channels(DriverBase):
                     self._event(ENDED, PAUSED, work, t)
                     self._wake(device)
                     return None
-                if host_ended:  # as the host's death unloading the model would end it
-                    self._end(work, EndReason.CANCELLED_SYSTEM)
+                if host_ended is not None:  # as the host's death unloading the model would
+                    self._end(work, EndReason.CANCELLED_SYSTEM, host_ended)
                     return None
                 sched.stop(work, t, requeue=False)
                 del live_work[work_id]
