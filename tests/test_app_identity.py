@@ -7,10 +7,12 @@ import ast
 import errno
 import os
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from subprocess import PIPE
 from typing import cast
 
 import pytest
@@ -306,7 +308,6 @@ def test_the_pid_of_a_pidfd(tmp_path: Path) -> None:
     assert pid_of_pidfd(5, tmp_path) == 4242
     assert pid_of_pidfd(6, tmp_path) is None
     assert pid_of_pidfd(7, tmp_path) is None
-    assert cgroup_of_pidfd(6, tmp_path) is None
     with pytest.raises(ValueError, match="not a pidfd"):
         pid_of_pidfd(8, tmp_path)
 
@@ -314,8 +315,10 @@ def test_the_pid_of_a_pidfd(tmp_path: Path) -> None:
 @pytest.mark.parametrize("reused", [False, True])
 def test_a_pid_reused_while_its_cgroup_is_read_is_caught(tmp_path: Path, reused: bool) -> None:
     """The cgroup file is a FIFO: the reader blocks in it until the writer, which has opened
-    it, has made the first process gone (``Pid: -1``) or not, so the order is certain."""
-    fdinfo = fake_pidfd(tmp_path, 9, 4242)
+    it, has ended the pidfd's real process (reaped: its pid free for another) or not, so
+    the order is certain."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=PIPE)
+    pidfd = os.pidfd_open(child.pid)
     (tmp_path / "4242").mkdir()
     fifo = tmp_path / "4242" / "cgroup"
     os.mkfifo(fifo)
@@ -323,16 +326,31 @@ def test_a_pid_reused_while_its_cgroup_is_read_is_caught(tmp_path: Path, reused:
     def another_process_takes_the_pid() -> None:
         with fifo.open("wb") as writer:  # returns once the reader has opened it
             if reused:
-                fdinfo.write_text("pos:\t0\nPid:\t-1\n")
+                child.kill()
+                child.wait()
             writer.write(b"0::/system.slice/other.service\n")
 
     thread = threading.Thread(target=another_process_takes_the_pid)
     thread.start()
     try:
-        found = cgroup_of_pidfd(9, tmp_path)
+        found = cgroup_of_pidfd(pidfd, 4242, tmp_path)
     finally:
+        if thread.is_alive():  # raised before opening the FIFO: let the writer open it
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
         thread.join()
+        os.close(pidfd)
+        child.kill()
+        child.wait()
     assert found == (None if reused else "/system.slice/other.service")
+
+
+def test_a_pid_we_cannot_see_or_a_missing_cgroup_file_is_none(tmp_path: Path) -> None:
+    pidfd = os.pidfd_open(os.getpid())
+    try:
+        assert cgroup_of_pidfd(pidfd, 0, tmp_path) is None  # another pid namespace
+        assert cgroup_of_pidfd(pidfd, 4242, tmp_path) is None
+    finally:
+        os.close(pidfd)
 
 
 MOUNTINFO_HYBRID = (
@@ -428,7 +446,7 @@ def test_a_real_process_in_an_app_scope(cgroups: CgroupTree) -> None:
     pidfd = os.pidfd_open(child.pid)
     try:
         assert cgroup_of_pid(child.pid) == expected
-        assert cgroup_of_pidfd(pidfd) == expected
+        assert cgroup_of_pidfd(pidfd, child.pid) == expected
         assert app_of_cgroup(expected) == app(
             "org.example.Cam", "desktop-app", "app.slice", expected
         )
@@ -463,7 +481,7 @@ def test_a_reaped_process_has_no_cgroup_by_its_pidfd(cgroups: CgroupTree) -> Non
         child.stdin.close()
         child.wait()
         assert pid_of_pidfd(pidfd) is None
-        assert cgroup_of_pidfd(pidfd) is None
+        assert cgroup_of_pidfd(pidfd, child.pid) is None
     finally:
         os.close(pidfd)
 
@@ -485,7 +503,7 @@ def test_a_socket_peer_by_its_pidfd(cgroups: CgroupTree, tmp_path: Path) -> None
             pytest.skip("this kernel has no SO_PEERPIDFD (Linux 6.5)")
         try:
             assert pid_of_pidfd(pidfd) == child.pid
-            found = app_of_cgroup(cgroup_of_pidfd(pidfd) or "")
+            found = app_of_cgroup(cgroup_of_pidfd(pidfd, child.pid) or "")
             assert found is not None and found.app_id == "org.example.Cam"
         finally:
             os.close(pidfd)

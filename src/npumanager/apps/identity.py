@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import signal
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,9 +202,18 @@ def cgroup_of_pid(pid: int, proc: Path = Path("/proc")) -> str | None:
     """A process's cgroup v2 path, or None where it has no v2 line, is gone, or is hidden from
     us (``hidepid``). Racy by nature: the pid may be reused; prefer `cgroup_of_pidfd`."""
     try:
-        return v2_path((proc / str(pid) / "cgroup").read_bytes())
+        fd = os.open(f"{proc}/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except ProcessLookupError:
+        return None
+    finally:
+        os.close(fd)
+    return v2_path(b"".join(chunks))
 
 
 def pid_of_pidfd(pidfd: int, proc: Path = Path("/proc")) -> int | None:
@@ -218,17 +228,27 @@ def pid_of_pidfd(pidfd: int, proc: Path = Path("/proc")) -> int | None:
     raise ValueError(f"descriptor {pidfd} is not a pidfd: its fdinfo has no Pid line")
 
 
-def cgroup_of_pidfd(pidfd: int, proc: Path = Path("/proc")) -> str | None:
-    """The cgroup v2 path of the process a pidfd refers to, or None where it is gone or hidden.
+def cgroup_of_pidfd(pidfd: int, pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The cgroup v2 path of the process a pidfd refers to, `pid` (the pid it was opened
+    for, or the one ``SO_PEERCRED`` gives with ``SO_PEERPIDFD``), or None where it is gone
+    or hidden.
 
-    The pid is read from the pidfd's fdinfo, then the cgroup, then the fdinfo again: the kernel
-    shows the pid there only while the process holds it, so an unchanged pid proves the cgroup
-    read was of this process and not of a later one that reused the number."""
-    pid = pid_of_pidfd(pidfd, proc)
-    if pid is None:
+    The cgroup is read by the pid, then the pidfd is sent signal 0: a process still there
+    held its pid throughout the read, so the read was of it and not of a later process that
+    reused the number (one system call, where reading the pidfd's fdinfo twice took most
+    of a hello's time)."""
+    if pid <= 0:  # in a pid namespace we cannot see
         return None
     path = cgroup_of_pid(pid, proc)
-    return path if path is not None and pid_of_pidfd(pidfd, proc) == pid else None
+    if path is None:
+        return None
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # there, but not ours to signal
+        pass
+    return path
 
 
 def peer_pidfd(sock: socket.socket) -> int | None:

@@ -156,7 +156,7 @@ class AppRegistry:
         except OSError:
             return None  # the client is gone already
         try:
-            path = cgroup_of_pidfd(pidfd, self._proc)
+            path = cgroup_of_pidfd(pidfd, pid, self._proc)
         except (OSError, ValueError):
             path = None
         finally:
