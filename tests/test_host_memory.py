@@ -6,6 +6,7 @@ daemon: a host that outgrows its grants is killed alone and its app is told why.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -241,3 +242,31 @@ def test_a_hosts_limit_makes_room_for_a_load_then_holds_its_models_weights() -> 
     finally:
         host.kill()
     wait_for(lambda: not path.exists())
+
+
+@needs_real_cgroup
+def test_a_dead_hosts_cgroup_left_behind_under_the_same_name_is_replaced() -> None:
+    """A daemon killed with SIGKILL leaves its hosts' cgroups; a later host that gets one of
+    their pids still gets its limit (a clean-clone CI run failed on `File exists`), while a
+    cgroup of that name with a live process in it is never taken over."""
+    assert REAL is not None
+    child = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)
+    name = f"npu-test-{os.getpid()}-{child.pid}"
+    try:
+        (REAL.parent / name).mkdir()  # what the dead host's daemon left
+        cgroup = REAL.join(name, child.pid, 64 * MIB)
+        try:
+            assert cgroup.limit() == 64 * MIB
+            assert (cgroup.path / "cgroup.procs").read_text().split() == [str(child.pid)]
+            with pytest.raises(OSError):  # the live process stays where it is
+                REAL.join(name, os.getpid(), 64 * MIB)
+            assert (cgroup.path / "cgroup.procs").read_text().split() == [str(child.pid)]
+        finally:
+            child.kill()
+            child.wait()
+            cgroup.remove()
+    finally:
+        child.kill()
+        child.wait()
+        with contextlib.suppress(FileNotFoundError):
+            (REAL.parent / name).rmdir()

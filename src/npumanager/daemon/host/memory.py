@@ -98,9 +98,17 @@ class MemoryCgroups:
         return f"cgroup v{self.version}"
 
     def join(self, name: str, pid: int, limit: int) -> HostCgroup:
-        """Make the cgroup `name` limited to `limit` bytes, and move process `pid` into it."""
+        """Make the cgroup `name` limited to `limit` bytes, and move process `pid` into it.
+
+        A cgroup of that name already there is a dead host's that its daemon never removed
+        (killed with SIGKILL, a pid of the same number since): it is removed first, which
+        the kernel refuses while any process is in it."""
         cgroup = HostCgroup(self.parent / name, self.version)
-        cgroup.path.mkdir()
+        try:
+            cgroup.path.mkdir()
+        except FileExistsError:
+            cgroup.path.rmdir()
+            cgroup.path.mkdir()
         try:
             if self.version == 1:
                 (cgroup.path / "memory.swappiness").write_text("0\n")
