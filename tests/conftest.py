@@ -4,6 +4,7 @@ daemons a test starts and the directory their sockets go to."""
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -446,6 +447,14 @@ SLOW_MODULES = frozenset(
 )
 """Modules whose tests start daemons, console scripts, real inference, benchmarks or long
 hypothesis runs: every test in them is `slow`, and `-m "not slow"` leaves them out."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give Ctrl-C back to the commands tests start and interrupt: a shell that ran the
+    suite in the background handed it SIGINT ignored, and children inherit an ignored
+    signal (a handled one is reset to the default on exec)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -4,6 +4,8 @@ through `tests/conftest.py`, never by importing one another; one `daemon` fixtur
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,3 +108,14 @@ def test_the_daemon_fixture_is_defined_only_in_conftest() -> None:
         "`daemon.on_a_thread(service)`):\n" + "\n".join(found)
     )
     assert "daemon" in {name for _, name in _fixtures(_parsed(CONFTEST))}, "conftest.py has none"
+
+
+def test_a_command_the_suite_starts_can_be_interrupted_with_ctrl_c() -> None:
+    """Tests send SIGINT to the commands they start. A shell that runs the suite in the
+    background (`pytest &`, as a CI harness may) hands it SIGINT ignored, and children
+    inherit that; the suite gives its children the default back."""
+    probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "True", "a command started by a test ignores Ctrl-C"
