@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+from helpers.daemon_support import WAIT_S
 from npumanager.core.plugins.registry import (
     BROKEN,
     DISABLED,
@@ -106,3 +112,36 @@ def test_broken_and_empty_entry_points(tmp_path: Path, monkeypatch: pytest.Monke
     assert "failed to import: ImportError: no vendor library" in status["broken"][1]
     with pytest.raises(UnknownPluginError, match="^unknown driver 'empty'; available: none"):
         registry.driver("empty")
+
+
+@pytest.mark.slow
+def test_a_daemon_of_a_simulated_driver_serves_without_the_runtime_extras() -> None:
+    """A plain install (`pip install .`, README block 1) has neither onnx nor a runtime;
+    `serve` with the default driver starts, answers and stops on SIGTERM all the same."""
+    with tempfile.TemporaryDirectory(prefix="npu-plain-", dir="/tmp") as folder:
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(f"{folder}/notify")
+        notify.settimeout(0.5)
+        path = f"{folder}/npu.sock"
+        process = subprocess.Popen(
+            [sys.executable, "-c", WITHOUT_EXTRAS, "serve", "--socket", path],
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "NOTIFY_SOCKET": f"{folder}/notify"},
+        )
+        try:
+            deadline = time.monotonic() + WAIT_S
+            ready = False
+            while not ready and process.poll() is None and time.monotonic() < deadline:
+                with contextlib.suppress(TimeoutError):
+                    ready = b"READY=1" in notify.recv(4096).split(b"\n")
+            assert ready, "the daemon ended or hung before it was ready"
+            info = npu("info", "--socket", path, "--json", extras=False)
+            assert info.returncode == 0, info.stderr
+            assert json.loads(info.stdout)["daemon"]["connections"] == 1
+        finally:
+            process.send_signal(signal.SIGTERM)
+            err = process.communicate(timeout=WAIT_S)[1]
+            notify.close()
+        assert process.returncode == 0, err
+        assert "Traceback" not in err, err
