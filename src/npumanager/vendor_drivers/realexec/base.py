@@ -36,7 +36,6 @@ from npumanager.schemas.limits import (
     MAX_TIMED_ROWS,
     TIMED_CALIBRATION_ROWS,
 )
-from npumanager.vendor_drivers.realexec.chain import chain_inputs, chain_model
 from npumanager.vendor_drivers.realexec.channels import ExecutionError
 from npumanager.vendor_drivers.realexec.session import Call, Counted, InHost, Session
 from npumanager.vendor_drivers.realexec.submission import Submission
@@ -296,14 +295,21 @@ class RealDriver(Submission):
             entry.session.close()
 
     # Timed work: the conformance hook ------------------------------------------------------
+    # Its model's module imports onnx, so it is imported on first use: a daemon that runs
+    # no model (a simulated driver's, whose `can_host` imports this class) and a plain
+    # install without the extras do without onnx.
 
     def timed_model(self) -> bytes:
         """The model built in code (ONNX): a chain of matrix multiplications."""
+        from npumanager.vendor_drivers.realexec.chain import chain_model
+
         return chain_model()
 
     def load_timed_model(self, device: int = 0) -> int:
         """Load the driver's model built in code (a chain of matrix multiplications) and
         measure its cost per input row; `timed_inputs` then sizes real work by duration."""
+        from npumanager.vendor_drivers.realexec.chain import chain_inputs, chain_model
+
         handle = self.load_model(device, model=chain_model())
         session = self.model_info(handle)
         feeds = chain_inputs(TIMED_CALIBRATION_ROWS)
@@ -325,6 +331,8 @@ class RealDriver(Submission):
             if entry is None or entry.row_us <= 0:
                 raise UnknownModelError(f"model {model} is not a timed model")
             rows = math.ceil(ms * 1000 / entry.row_us)
+        from npumanager.vendor_drivers.realexec.chain import chain_inputs
+
         return chain_inputs(max(1, min(MAX_TIMED_ROWS, rows)))
 
 

@@ -8,6 +8,7 @@ a runtime can stop between layers when asked to cancel.
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto, helper, numpy_helper
 
 from npumanager.schemas.limits import CHAIN_LAYERS, CHAIN_WIDTH
 
@@ -17,8 +18,6 @@ OUTPUT = "y"
 
 def chain_model(layers: int = CHAIN_LAYERS, width: int = CHAIN_WIDTH, seed: int = 0) -> bytes:
     """The serialized ONNX model: `layers` of `tanh(x @ W_i)` on `[rows, width]`."""
-    from onnx import TensorProto, helper, numpy_helper  # costly to import; only needed here
-
     rng = np.random.default_rng(seed)
     weights = [
         numpy_helper.from_array(
