@@ -26,15 +26,14 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "focus" / "run.py"
 CALL, INDEXER = "org.example.Call", "org.example.Indexer"
 
 
-def example_folders() -> set[str]:
-    """The example's cgroup folders below this process's cgroup (it makes them there)."""
+def home_folder() -> Path:
+    """This process's cgroup folder: the example makes its own folder below it."""
     mount, home = v2_mount(), cgroup_of_pid(os.getpid())
     assert mount is not None and home is not None
-    return {p.name for p in (mount / home.lstrip("/")).iterdir() if p.name.startswith("npu-focus-")}
+    return mount / home.lstrip("/")
 
 
 def test_the_focus_example_prints_every_figure_and_the_importances_follow_the_focus() -> None:
-    before = example_folders()
     argv = [sys.executable, str(EXAMPLE), "--quick", "--json"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
@@ -56,7 +55,9 @@ def test_the_focus_example_prints_every_figure_and_the_importances_follow_the_fo
     for focus in ("with", "without"):
         assert 0 < figures[f"call_p50_{focus}_focus_ms"] <= figures[f"call_p99_{focus}_focus_ms"]
     assert figures["without_over_with_focus_p99"] > 0
-    assert example_folders() == before, "the example's cgroups are removed at the end"
+    folder = Path(figures["cgroup_folder"])  # its own: other tests make theirs meanwhile
+    assert folder.parent == home_folder() and folder.name.startswith("npu-focus-")
+    assert not folder.exists(), "the example's cgroups are removed at the end"
 
     refused = subprocess.run(
         [sys.executable, str(EXAMPLE), "--phases", "1"], capture_output=True, text=True, check=False

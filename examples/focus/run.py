@@ -371,6 +371,7 @@ def run(
     return {
         "seconds": seconds,
         "launcher": launcher.name,
+        "cgroup_folder": None if launcher.folder is None else str(launcher.folder),
         "uid": uid,
         "flood_threads": flood_threads,
         "ladder": ladder,
