@@ -9,6 +9,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 CONFTEST = TESTS / "conftest.py"
 
@@ -119,3 +121,12 @@ def test_a_command_the_suite_starts_can_be_interrupted_with_ctrl_c() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "True", "a command started by a test ignores Ctrl-C"
+
+
+def test_the_longest_tests_are_collected_first(request: pytest.FixtureRequest) -> None:
+    """`FIRST_MODULES` (conftest.py): when the load test is collected, it starts the run."""
+    stems = [item.path.stem for item in request.session.items]
+    if "test_daemon_load" not in stems:
+        pytest.skip("the load test is not collected in this run")
+    first = stems.index("test_daemon_load")
+    assert first == 0, f"the load test is collected {first} tests in, after {stems[0]}"
