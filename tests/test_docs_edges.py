@@ -8,10 +8,14 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import npumanager as npu
+from npumanager.core.plugins.hookspecs import hookimpl
+from npumanager.core.plugins.registry import PluginSource, load_plugins
+from npumanager.schemas import DriverRecord
 from npumanager.schemas.limits import MAX_SCENARIO_APP_MS, MAX_SCENARIO_APPS, MAX_SCENARIO_JOBS
 from npumanager.simulation.scenario import App, Event, Scenario, Work
 
@@ -103,3 +107,31 @@ def test_contributing_gives_the_registration_hooks_return_values_as_they_are() -
     guide = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
     assert "a single record, or `None`" in guide
     assert "npumanager_unavailable" in guide and hasattr(hookspecs, "npumanager_unavailable")
+
+
+def test_the_contributing_guide_and_the_drivers_guide_give_one_driver_factory_signature() -> None:
+    """Both say how the service calls a driver's factory, and say it the same way as the
+    service does it: `devices` first (positionally), then the user's options."""
+    pattern = re.compile(r"A record has a name, a factory \(`(factory\([^`]*\))`")
+    contributing = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    drivers = (ROOT / "docs" / "guides" / "drivers.md").read_text(encoding="utf-8")
+    said = [pattern.findall(" ".join(text.split())) for text in (contributing, drivers)]
+    assert said == [["factory(devices, **options)"]] * 2, said
+
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    registry = load_plugins()
+    vnpu = registry.driver("vnpu")
+
+    def factory(*args: Any, **options: Any) -> Any:
+        calls.append((args, options))
+        return vnpu.factory(*args, **options)
+
+    class Probe:
+        @hookimpl
+        def npumanager_register_drivers(self) -> DriverRecord:
+            return DriverRecord(name="probe", factory=factory, capabilities=vnpu.capabilities)
+
+    assert registry.register(Probe(), PluginSource("probe", "npu-probe", "0"))
+    options = {"max_models": 64}
+    npu.Service("probe", "status_quo", devices=2, driver_options=options, registry=registry).close()
+    assert calls == [((2,), {**options, "clock": "real"})], "devices first, then options by name"
