@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -60,6 +61,26 @@ def test_vts_unknown_driver_is_one_line(capsys: pytest.CaptureFixture[str]) -> N
     assert err.startswith("npu-manager: error: unknown driver 'nope'; available: ")
     assert "reference" in err
     assert "vnpu" in err
+
+
+def test_vts_builds_every_driver_with_the_options_given(capsys: pytest.CaptureFixture[str]) -> None:
+    """Room for one model only: the rules that load two fail, so each driver had it."""
+    assert main(["vts", "--driver", "vnpu", "--driver-option", "max_models=1", "--json"]) == 1
+    results = {r["test"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert results["test_SetSchedulingConfigs"]["result"] == PASS
+    full = [name for name, r in results.items() if "holds 1 models already" in r["detail"]]
+    assert len(full) > 5, "max_models=1 reached no driver"
+
+
+def test_vts_with_an_option_the_driver_lacks_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["vts", "--driver", "vnpu", "--driver-option", "bogus=1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "npu-manager: error: driver 'vnpu' has no option 'bogus'; its options: "
+        "max_live_work (int), max_models (int), event_capacity (int)\n"
+    )
 
 
 BROKEN = textwrap.dedent(

@@ -176,6 +176,8 @@ def cmd_schema(ctx: _Context) -> int:
 
 def cmd_vts(ctx: _Context) -> int:
     """Run the conformance suite on an installed driver; non-zero if any test fails."""
+    from npumanager.cli.options import parse_driver_option
+    from npumanager.core.plugins.factories import build_with_options
     from npumanager.testing.runner import FAIL, module_for, run_suite
 
     if ctx.args.list:
@@ -186,9 +188,14 @@ def cmd_vts(ctx: _Context) -> int:
     name = ctx.args.driver
     if name is None:
         raise NpuManagerError("vts needs --driver NAME (or --list)")
-    ctx.registry.driver(name)  # an unknown name is a one-line error listing the known ones
-    seed = () if ctx.args.seed is None else ("--npu-seed", str(ctx.args.seed))
-    results, output = run_suite(module_for(name), pytest_args=seed)
+    record = ctx.registry.driver(name)  # an unknown name: one line listing the known ones
+    options = dict(parse_driver_option(spec) for spec in ctx.args.driver_option)
+    args: tuple[str, ...] = () if ctx.args.seed is None else ("--npu-seed", str(ctx.args.seed))
+    if options:
+        # checked here, once, so that a wrong option is one line and not a failure per rule
+        build_with_options(f"driver {name!r}", record.factory, (), options).close()
+        args += ("--npu-driver-options", json.dumps(options))
+    results, output = run_suite(module_for(name), pytest_args=args)
     failed = sum(r.outcome == FAIL for r in results)
     if ctx.args.json:
         rows = [{"test": r.name, "result": r.outcome, "detail": r.detail} for r in results]
@@ -301,6 +308,14 @@ def build_parser() -> argparse.ArgumentParser:
     vts.add_argument("--list", action="store_true", help="print the rules and their tests")
     vts.add_argument(
         "--seed", type=int, metavar="N", help="another seed for the state machine (default: fixed)"
+    )
+    vts.add_argument(
+        "--driver-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option every driver of the suite is built with, as serve takes it, e.g. "
+        "background_idle=false (repeatable)",
     )
     vts.add_argument("--json", action="store_true", help="print JSON instead of a table")
     vts.add_argument(

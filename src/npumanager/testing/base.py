@@ -152,7 +152,8 @@ class SuiteBase:
     def driver_factory(self, request: pytest.FixtureRequest) -> Factory:
         """Builds a fresh driver: `factory()` or `factory(devices=...)`."""
         record: DriverRecord = request.getfixturevalue("driver_record")
-        options = dict(self.driver_options)
+        given = request.config.getoption("npu_driver_options", None) or {}
+        options = {**self.driver_options, **given}  # the runner's (vts --driver-option) last
 
         def build(**kwargs: Any) -> Driver:
             return record.factory(**options, **kwargs)

@@ -7,6 +7,9 @@ modules, e.g. the cffi extension of `vnpu`) is loaded only when a fixture asks f
   ``driver_name`` runs on;
 - option ``--npu-seed N``: another seed than the suite's fixed one (also in
   ``PYTEST_ADDOPTS``);
+- option ``--npu-driver-options JSON``: options every `DriverSuite` driver is built with
+  (a JSON object; `npu-manager vts --driver-option KEY=VALUE` passes them), over the
+  suite's own `driver_options`;
 - fixture ``npu_registry``: the installed plugins (session-scoped);
 - fixture ``npu_driver_record``: the record of ``--npu-driver``;
 - marker ``npu_driver``: documents that a test runs on a vendor driver;
@@ -15,7 +18,8 @@ modules, e.g. the cffi extension of `vnpu`) is loaded only when a fixture asks f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -34,6 +38,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the installed driver a DriverSuite subclass without driver_name runs on",
     )
     group.addoption(
+        "--npu-driver-options",
+        dest="npu_driver_options",
+        type=_options_object,
+        default={},
+        metavar="JSON",
+        help="options every DriverSuite driver is built with, as a JSON object",
+    )
+    group.addoption(
         "--npu-seed",
         dest="npu_seed",
         type=int,
@@ -41,6 +53,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
         help="the seed of the suite's state machine and random sequences (default: fixed)",
     )
+
+
+def _options_object(text: str) -> dict[str, Any]:
+    """A JSON object of driver options (argparse's type: a ValueError is a usage error)."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"a JSON object of driver options; got {text!r}")
+    return value
 
 
 def pytest_configure(config: pytest.Config) -> None:
