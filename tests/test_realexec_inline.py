@@ -41,7 +41,7 @@ def test_background_from_is_where_the_background_bands_begin(
 
 
 def test_background_work_held_back_is_not_run_inline_but_waits_its_turn() -> None:
-    with OnnxRuntimeDriver(devices=[{"channels": 2}]) as d:
+    with OnnxRuntimeDriver(devices=[{"channels": 2}], background_idle=False) as d:
         d.set_scheduling_configs([SchedulingConfig(uid=u, app_priority=1000) for u in (10, 11)])
         model = d.load_timed_model()
         session = d.model_info(model)
@@ -63,7 +63,7 @@ def test_background_work_held_back_is_not_run_inline_but_waits_its_turn() -> Non
 
 
 def test_a_foreground_inference_behind_held_back_background_work_runs_inline() -> None:
-    with OnnxRuntimeDriver(devices=[{"channels": 2}]) as d:
+    with OnnxRuntimeDriver(devices=[{"channels": 2}], background_idle=False) as d:
         d.set_scheduling_configs(
             [
                 SchedulingConfig(uid=10, app_priority=1000),
@@ -134,7 +134,7 @@ def test_background_nice_out_of_range_is_refused() -> None:
 def test_foreground_work_does_not_wait_behind_held_back_owed_background_work(
     inline: bool,
 ) -> None:
-    with OnnxRuntimeDriver(devices=[{"channels": 2}]) as d:
+    with OnnxRuntimeDriver(devices=[{"channels": 2}], background_idle=False) as d:
         d.set_scheduling_configs(
             [
                 SchedulingConfig(uid=10, app_priority=400),  # normal band: background

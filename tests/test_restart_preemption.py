@@ -1,5 +1,9 @@
 """Restart preemption in the real drivers: a running job of a less important band stopped
-with the runtime's cancel and requeued (it starts over), and when it is not."""
+with the runtime's cancel and requeued (it starts over), and when it is not.
+
+The normal band is a background one, so each driver keeps its background workers at the
+normal OS priority (`background_idle=False`): under `SCHED_IDLE` they get next to no CPU
+beside busy programs, and the OS's choice is not what these tests judge."""
 
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ def paused(events: list[WorkEvent]) -> list[int]:
 
 
 def test_an_inline_run_that_is_stopped_starts_over_and_still_returns_its_outputs() -> None:
-    with OnnxRuntimeDriver(devices=[{"channels": 1}]) as d:
+    with OnnxRuntimeDriver(devices=[{"channels": 1}], background_idle=False) as d:
         d.set_scheduling_configs(CONFIGS)
         model = d.load_timed_model()
         out: list[Any] = []
@@ -58,7 +62,9 @@ def test_an_inline_run_that_is_stopped_starts_over_and_still_returns_its_outputs
 
 
 def test_two_urgent_jobs_stop_two_running_ones_in_turn() -> None:
-    with OnnxRuntimeDriver(devices=[{"channels": 2}], reserved_channels=0) as d:
+    with OnnxRuntimeDriver(
+        devices=[{"channels": 2}], reserved_channels=0, background_idle=False
+    ) as d:
         d.set_scheduling_configs(CONFIGS)
         model = d.load_timed_model()
         slow = [d.submit(model, uid=10, inputs=d.timed_inputs(model, 300)) for _ in range(2)]
@@ -76,7 +82,9 @@ def test_two_urgent_jobs_stop_two_running_ones_in_turn() -> None:
 
 
 def test_turned_off_nothing_is_stopped_and_the_urgent_job_waits() -> None:
-    with OnnxRuntimeDriver(devices=[{"channels": 1}], restart_preemption=False) as d:
+    with OnnxRuntimeDriver(
+        devices=[{"channels": 1}], restart_preemption=False, background_idle=False
+    ) as d:
         d.set_scheduling_configs(CONFIGS)
         model = d.load_timed_model()
         slow = d.submit(model, uid=10, inputs=d.timed_inputs(model, 100))
@@ -90,7 +98,7 @@ def test_turned_off_nothing_is_stopped_and_the_urgent_job_waits() -> None:
 
 
 def test_a_job_of_the_same_band_is_never_stopped() -> None:
-    with OnnxRuntimeDriver(devices=[{"channels": 1}]) as d:
+    with OnnxRuntimeDriver(devices=[{"channels": 1}], background_idle=False) as d:
         d.set_scheduling_configs([*CONFIGS, SchedulingConfig(uid=11, app_priority=300)])
         model = d.load_timed_model()
         d.submit(model, uid=10, inputs=d.timed_inputs(model, 100))
@@ -103,7 +111,9 @@ def test_a_job_of_the_same_band_is_never_stopped() -> None:
 def test_an_app_holding_every_channel_gives_its_latest_back_to_another_app_of_its_band() -> None:
     """Two long operations of one app hold both channels; another app's tiny inference of
     the same band waits for neither: the latest started operation starts over."""
-    with OnnxRuntimeDriver(devices=[{"channels": 2}], reserved_channels=0) as d:
+    with OnnxRuntimeDriver(
+        devices=[{"channels": 2}], reserved_channels=0, background_idle=False
+    ) as d:
         d.set_scheduling_configs([*CONFIGS, SchedulingConfig(uid=11, app_priority=300)])
         model = d.load_timed_model()
         long_ops = []
@@ -120,7 +130,9 @@ def test_an_app_holding_every_channel_gives_its_latest_back_to_another_app_of_it
 
 
 def test_an_app_alone_keeps_every_channel_and_one_channel_each_is_never_taken() -> None:
-    with OnnxRuntimeDriver(devices=[{"channels": 2}], reserved_channels=0) as d:
+    with OnnxRuntimeDriver(
+        devices=[{"channels": 2}], reserved_channels=0, background_idle=False
+    ) as d:
         d.set_scheduling_configs([*CONFIGS, SchedulingConfig(uid=11, app_priority=300)])
         model = d.load_timed_model()
         d.submit(model, uid=10, inputs=d.timed_inputs(model, 100))
@@ -140,7 +152,9 @@ def test_restart_preemption_must_be_a_bool() -> None:
 
 def test_an_inline_run_stopped_to_make_room_still_times_out_on_time() -> None:
     # no floor: the stopped job waits for all the urgent work, and times out waiting
-    with OnnxRuntimeDriver(devices=[{"channels": 1, "floor_percent": 0}]) as d:
+    with OnnxRuntimeDriver(
+        devices=[{"channels": 1, "floor_percent": 0}], background_idle=False
+    ) as d:
         d.set_scheduling_configs(CONFIGS)
         model = d.load_timed_model()
         slow, urgent_inputs = d.timed_inputs(model, 200), d.timed_inputs(model, 100)
