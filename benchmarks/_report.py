@@ -29,6 +29,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TextIO
 
+SERVE = (sys.executable, "-m", "npumanager", "serve", "--importance", "none")
+"""`npu-manager serve` as a benchmark starts it: with no importance source, for its figures
+time the daemon, not this machine's desktop (the default `desktop` source watches every
+cgroup here, with other programs' churn and their warnings)."""
+
 Op = Literal["<=", "<", ">=", ">", "within"]
 OPS: tuple[Op, ...] = ("<=", "<", ">=", ">", "within")
 

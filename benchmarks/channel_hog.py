@@ -31,7 +31,6 @@ import multiprocessing
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _report import Progress, Target, print_report  # beside this script
+from _report import SERVE, Progress, Target, print_report  # beside this script
 from daemon_attacks import MAX_MORE_FDS, MAX_MORE_RSS_MIB, SOCKET_GID, _daemon_state, cpu_burn
 from ipc_inference import _loaded, _percentile, _timed
 from onnx import TensorProto, helper, numpy_helper
@@ -203,7 +202,7 @@ def _wait_for(what: str, predicate: Any) -> None:
 
 
 def _serve(path: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "npumanager", "serve", "--socket", str(path)]
+    command = [*SERVE, "--socket", str(path)]
     options = ["--driver", "onnxruntime", "--socket-group", str(SOCKET_GID)]
     daemon = subprocess.Popen(
         [*command, *options, "--log-level", "error"], stderr=subprocess.DEVNULL

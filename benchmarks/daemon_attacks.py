@@ -43,7 +43,6 @@ import os
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -51,7 +50,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _report import Progress, Target, print_report  # beside this script
+from _report import SERVE, Progress, Target, print_report  # beside this script
 from ipc import _percentile, raw_round  # the same raw client, beside this script
 
 import npumanager as npu
@@ -258,7 +257,7 @@ def _attacker(name: str, path: str, stop: Stop, ready: Stop) -> None:
 
 
 def _serve(path: Path) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "npumanager", "serve", "--socket", str(path)]
+    command = [*SERVE, "--socket", str(path)]
     options = ["--log-level", "error", "--socket-group", str(SOCKET_GID)]
     daemon = subprocess.Popen(
         [*command, *options, "--max-connections-per-uid", "1100"], stderr=subprocess.DEVNULL

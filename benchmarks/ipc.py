@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import ipc_inference
-from _report import Progress, Target, print_report
+from _report import SERVE, Progress, Target, print_report
 
 import npumanager as npu
 from npumanager.core.client.dispatch import run_inline
@@ -220,7 +220,7 @@ def _wait_for(path: Path, process: subprocess.Popen[bytes]) -> None:
 
 
 def _serve(path: Path, *args: str) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "npumanager", "serve", "--socket", str(path)]
+    command = [*SERVE, "--socket", str(path)]
     daemon = subprocess.Popen([*command, "--log-level", "warning", *args], stderr=subprocess.PIPE)
     _wait_for(path, daemon)
     return daemon

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _report import Progress, Target, print_report
+from _report import SERVE, Progress, Target, print_report
 from ipc_floor import BareRoundTrip
 from ipc_floor import session as floor_session
 from onnx import TensorProto, helper
@@ -97,7 +97,7 @@ def _timed(call: Callable[[], object], samples: int) -> list[float]:
 
 
 def _serve(path: Path, *extra: str) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "npumanager", "serve", "--driver", "onnxruntime", *extra]
+    command = [*SERVE, "--driver", "onnxruntime", *extra]
     daemon = subprocess.Popen([*command, "--socket", str(path), "--log-level", "warning"])
     deadline = time.monotonic() + 30
     while not path.exists():

@@ -14,11 +14,17 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+import npumanager as npu
+from helpers.cgroup_tree import cgroup_tree
+from helpers.daemon_support import WAIT_S
+from npumanager.plugins.importance import desktop
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = [
@@ -185,6 +191,38 @@ def check_table(text: str) -> None:
     assert judged
     for row in judged:
         assert re.search(r"  (<=|<|>=|>) [\d,.]+  |  [\d.]+\.\.[\d.]+  ", row), row
+
+
+def test_a_benchmarks_daemon_does_not_watch_this_machines_desktop(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Another program's app cgroup with a garbage focus value (as a test of the desktop
+    source makes beside this one) reaches no benchmark's daemon: its figures time the
+    daemon, and its output holds no warning about the machine (issue 31)."""
+    trees = cgroup_tree()
+    tree = next(trees)  # skips where cgroups cannot be made
+    try:
+        scope = tree.root / "app-gnome-org.example.Other-7.scope"
+        scope.mkdir()
+        try:
+            os.setxattr(scope, desktop.XATTR, b"soon")
+        except OSError as error:
+            pytest.skip(f"this kernel keeps user.* xattrs off cgroupfs: {error.strerror}")
+        sys.path.insert(0, str(BENCHMARKS))
+        try:
+            ipc_inference = importlib.import_module("ipc_inference")
+        finally:
+            sys.path.remove(str(BENCHMARKS))
+        with tempfile.TemporaryDirectory() as folder:
+            daemon = ipc_inference._serve(Path(folder) / "npu.sock")
+            with npu.DaemonClient(Path(folder) / "npu.sock") as admin:
+                assert admin.info()["policy"]  # serving: its importance sources started
+            daemon.terminate()
+            assert daemon.wait(WAIT_S) == 0
+    finally:
+        trees.close()
+    err = capfd.readouterr().err
+    assert desktop.XATTR not in err, err
 
 
 def test_a_script_without_json_prints_the_table() -> None:
