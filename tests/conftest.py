@@ -3,6 +3,7 @@ daemons a test starts and the directory their sockets go to."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -452,9 +453,26 @@ hypothesis runs: every test in them is `slow`, and `-m "not slow"` leaves them o
 def pytest_configure(config: pytest.Config) -> None:
     """Give Ctrl-C back to the commands tests start and interrupt: a shell that ran the
     suite in the background handed it SIGINT ignored, and children inherit an ignored
-    signal (a handled one is reset to the default on exec)."""
+    signal (a handled one is reset to the default on exec). Then cache bytecode."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    write_bytecode()
+
+
+def write_bytecode() -> None:
+    """Let this process and every one it starts cache compiled modules, whatever the
+    machine's `PYTHONDONTWRITEBYTECODE` says: the suite starts about 700 Python processes
+    (daemons, apps, hosts, nested pytest runs), and without a cache each one compiled every
+    module it imports from source, and pytest rewrote its test modules and plugins again."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """One worker more than this process may use CPUs (`-n auto`): a worker spends much of
+    its time waiting on the daemons, apps and commands its tests start, and an idle CPU
+    beside two waiting workers is time lost (`--maxprocesses` still caps the count)."""
+    return len(os.sched_getaffinity(0)) + 1
 
 
 FIRST_MODULES = ("test_daemon_load",)

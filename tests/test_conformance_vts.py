@@ -277,3 +277,11 @@ def test_a_driver_that_raises_fails_the_test_naming_its_rule() -> None:
             "RuntimeError: firmware timeout",
         )
     ], output
+
+
+def test_the_suites_pytest_may_cache_what_it_compiles() -> None:
+    """vts leaves the bytecode setting as it finds it: forcing `PYTHONDONTWRITEBYTECODE` on
+    its pytest made every run rewrite the asserts of about 180 modules again (1.2 s)."""
+    source = "import sys\n\n\ndef test_bytecode():\n    assert not sys.dont_write_bytecode\n"
+    results, output = run_suite(source)
+    assert [(r.name, r.outcome) for r in results] == [("test_bytecode", PASS)], output

@@ -4,6 +4,7 @@ through `tests/conftest.py`, never by importing one another; one `daemon` fixtur
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -121,6 +122,28 @@ def test_a_command_the_suite_starts_can_be_interrupted_with_ctrl_c() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "True", "a command started by a test ignores Ctrl-C"
+
+
+def test_the_processes_the_suite_starts_cache_their_bytecode() -> None:
+    """`write_bytecode` (conftest.py): with `PYTHONDONTWRITEBYTECODE` set on the machine,
+    each of the suite's processes compiled every module it imported from source."""
+    probe = "import sys; print(sys.dont_write_bytecode)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False", "a process started by a test writes no bytecode"
+
+
+def test_auto_runs_one_worker_more_than_the_cpus(request: pytest.FixtureRequest) -> None:
+    """`pytest_xdist_auto_num_workers` (conftest.py): `-n auto` gives the CPUs plus one."""
+    config = request.config
+    asked = [*config.getini("addopts"), *config.invocation_params.args]
+    counts = [a for a in asked if a.startswith(("-n", "--numprocesses"))]
+    if not counts or counts[-1] not in ("-nauto", "--numprocesses=auto"):
+        pytest.skip("this run did not ask for -n auto (pyproject's addopts do)")
+    caps = [int(a.split("=")[1]) for a in asked if a.startswith("--maxprocesses=")]
+    expected = min(len(os.sched_getaffinity(0)) + 1, *caps)
+    assert os.environ["PYTEST_XDIST_WORKER_COUNT"] == str(expected)
 
 
 def test_the_longest_tests_are_collected_first(request: pytest.FixtureRequest) -> None:

@@ -79,7 +79,6 @@ def run_suite(
         root = Path(folder)
         (root / "test_vts.py").write_text(module_source)
         report = root / "report.xml"
-        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         proc = subprocess.run(
             [
                 sys.executable,
@@ -99,7 +98,6 @@ def run_suite(
                 str(root / "test_vts.py"),
             ],
             cwd=root,
-            env=env,
             capture_output=True,
             text=True,
             timeout=timeout_s,
