@@ -273,6 +273,71 @@ def importing_npu_manager(process: subprocess.Popen[str]) -> None:
     raise AssertionError(f"npu-manager was not imported within {WAIT_S} s")
 
 
+CTRL_C_IN_SET_NAME = """
+import os, signal, sys
+
+
+class Landing:
+    def __set_name__(self, owner, name):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10_000):  # the handler runs between these steps, inside __set_name__
+            pass
+
+
+class CtrlCWhileImporting:
+    def find_spec(self, name, path=None, target=None):
+        if name == "npumanager.schemas":
+            sys.meta_path.remove(self)
+
+            class Model:  # a class made while npu-manager is imported, as pydantic's are
+                field = Landing()
+        return None
+
+
+sys.meta_path.insert(0, CtrlCWhileImporting())
+"""
+"""A `sitecustomize`: Ctrl-C lands inside a class's `__set_name__` while npu-manager is
+being imported, where Python 3.11 wraps the KeyboardInterrupt in a RuntimeError."""
+
+
+def test_ctrl_c_inside_a_class_being_made_at_start_is_quiet(tmp_path: Path) -> None:
+    """A busy CI run met this: the Ctrl-C landed in pydantic's `__set_name__` and the
+    launcher, which caught only KeyboardInterrupt, let the RuntimeError out as a traceback."""
+    (tmp_path / "sitecustomize.py").write_text(CTRL_C_IN_SET_NAME)
+    result = npu("plugins", env={**os.environ, "PYTHONPATH": str(tmp_path)}, timeout=WAIT_S)
+    assert result.stderr.splitlines() == ["npu-manager: interrupted"], result.stderr
+    assert result.returncode == 130
+
+
+def test_ctrl_c_wrapped_in_another_error_while_a_command_runs_is_quiet(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Once started, a Ctrl-C that Python wrapped in another error (its cause) still ends
+    the command in one line with 130; any other error is not taken for one."""
+    import _npumanager_launch
+    import npumanager.cli.program
+
+    def interrupted() -> None:
+        raise RuntimeError("Error calling __set_name__") from KeyboardInterrupt()
+
+    monkeypatch.setattr(npumanager.cli.program, "entry", interrupted)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            _npumanager_launch.entry()
+    finally:
+        signal.signal(signal.SIGINT, handler)  # entry ignores a second Ctrl-C from then on
+    assert ended.value.code == 130
+    assert capsys.readouterr().err == "npu-manager: interrupted\n"
+
+    def broken() -> None:
+        raise RuntimeError("a bug") from ValueError("not a Ctrl-C")
+
+    monkeypatch.setattr(npumanager.cli.program, "entry", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        _npumanager_launch.entry()
+
+
 @pytest.mark.parametrize("delay_s", [0, 0.05, 0.2])
 def test_ctrl_c_at_any_moment_of_the_start_is_quiet(delay_s: float) -> None:
     with started("plugins", stdout=subprocess.PIPE) as process:
