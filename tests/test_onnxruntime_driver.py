@@ -18,6 +18,7 @@ import onnxruntime as ort  # type: ignore[import-untyped,unused-ignore]
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from helpers.console import VTS_AT_NORMAL_PRIORITY
 from helpers.daemon_support import WAIT_S
 from npumanager.cli.program import main
 from npumanager.core.driver.events import EventKind, WorkEvent
@@ -79,15 +80,10 @@ def completion_order(events: list[WorkEvent]) -> list[int]:
     return [e.id for e in events if e.kind == EventKind.ENDED and e.reason == EndReason.COMPLETED]
 
 
-QUIET = ("--driver-option", "background_idle=false")
-"""`vts` with the background workers at the normal OS priority: the rules judge the driver,
-and under SCHED_IDLE its background work gets next to no CPU beside busy programs."""
-
-
 class TestOnnxRuntimeConformance(DriverSuite):
     __test__ = True
     driver_name = "onnxruntime"
-    # as QUIET gives `vts`
+    # as VTS_AT_NORMAL_PRIORITY gives `vts`
     driver_options: ClassVar[dict[str, Any]] = {"background_idle": False}
     thread_safe = True
 
@@ -137,7 +133,7 @@ def test_plugins_lists_without_the_extra() -> None:
 
 
 def test_vts_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
-    vts = ["vts", "--driver", "onnxruntime", *QUIET]
+    vts = ["vts", "--driver", "onnxruntime", *VTS_AT_NORMAL_PRIORITY]
     assert main(vts) == 0
     claimed = {str(c) for c in ort_plugin.CAPABILITIES}
     skips = sum(r.capability not in {"-", *claimed} for r in RULES)

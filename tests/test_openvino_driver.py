@@ -11,6 +11,8 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
+from helpers.console import VTS_AT_NORMAL_PRIORITY
+
 pytest.importorskip("openvino")
 
 import openvino as ov
@@ -51,15 +53,10 @@ def ended(events: list[WorkEvent], work: int) -> EndReason | None:
     return None
 
 
-QUIET = ("--driver-option", "background_idle=false")
-"""`vts` with the background workers at the normal OS priority: the rules judge the driver,
-and under SCHED_IDLE its background work gets next to no CPU beside busy programs."""
-
-
 class TestOpenVinoConformance(DriverSuite):
     __test__ = True
     driver_name = "openvino"
-    # as QUIET gives `vts`
+    # as VTS_AT_NORMAL_PRIORITY gives `vts`
     driver_options: ClassVar[dict[str, Any]] = {"background_idle": False}
     thread_safe = True
 
@@ -75,7 +72,7 @@ def test_registered_with_honest_capabilities() -> None:
 
 
 def test_vts_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
-    vts = ["vts", "--driver", "openvino", *QUIET]
+    vts = ["vts", "--driver", "openvino", *VTS_AT_NORMAL_PRIORITY]
     assert main(vts) == 0
     claimed = {str(c) for c in ov_plugin.CAPABILITIES}
     skips = sum(r.capability not in {"-", *claimed} for r in RULES)

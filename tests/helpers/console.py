@@ -13,6 +13,11 @@ CONSOLE_SCRIPT = str(Path(sys.executable).with_name("npu-manager"))
 """The installed `npu-manager` command, as a user runs it."""
 
 
+VTS_AT_NORMAL_PRIORITY = ("--driver-option", "background_idle=false")
+"""`vts` with the background workers at the normal OS priority: the rules judge the driver,
+and under SCHED_IDLE its background work gets next to no CPU beside busy programs."""
+
+
 def npu(*argv: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
     """`npu-manager ARGV` as a user runs it (keyword arguments go to `subprocess.run`)."""
     streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kwargs}
