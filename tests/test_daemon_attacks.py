@@ -13,6 +13,7 @@ import gc
 import json
 import os
 import resource
+import selectors
 import shutil
 import socket
 import subprocess
@@ -40,7 +41,7 @@ from helpers.daemon_support import (
 )
 from npumanager.core.service.service import Service
 from npumanager.daemon.server.server import Daemon
-from npumanager.daemon.wire.protocol import HELLO, FrameReader, encode
+from npumanager.daemon.wire.protocol import HELLO, FrameReader, Welcome, encode, parse_daemon
 from npumanager.schemas import ModelLoadStatus
 from npumanager.schemas.limits import LOG_BURST, OUTBOX_PAUSE_BYTES
 
@@ -791,6 +792,31 @@ def test_a_descriptor_that_cannot_be_read_is_the_clients_error_and_logs_nothing(
                     os.close(fd)
     assert daemon.stop() == 0
     assert "Traceback" not in daemon.log() and "internal error" not in daemon.log()
+
+
+def test_a_clients_replies_leave_as_its_own_slice_ends(socket_dir: Path) -> None:
+    """A connection's replies are written when its slice of the loop ends, not after every
+    other client's slice of the turn: a flood on one connection holds no one's answer."""
+    service = Service("vnpu", "budget")
+    daemon = Daemon(service, socket_dir / "npu.sock")
+    daemon.bind()
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.connect(str(daemon.socket_path))
+        assert daemon._binding is not None
+        daemon._accept(daemon._binding.listener, 0)
+        (connection,) = daemon.transport.connections.values()
+        client.sendall(encode(HELLO))
+        daemon.transport.io(connection.sock, selectors.EVENT_READ)  # its slice, no more
+        answer = client.recv(65536, socket.MSG_DONTWAIT)  # BlockingIOError: not yet sent
+        (frame,) = FrameReader().feed(answer)
+        assert isinstance(parse_daemon(frame), Welcome)
+        assert not daemon.transport.dirty
+    finally:
+        client.close()
+        daemon.stop()
+        daemon.serve_forever()
+        service.close()
 
 
 def test_accepting_is_time_sliced_a_few_connections_a_turn(socket_dir: Path) -> None:

@@ -1,6 +1,6 @@
 """One client of the daemon: its socket, the kernel's word on who it is, what it holds.
 
-Frames for it queue in its outbox and leave at the end of the loop's turn; its requests'
+Frames for it queue in its outbox and leave as its slice of the loop ends; its requests'
 callbacks become frames (`RemoteCallback`). A connection knows nothing of the daemon but
 the `Outlet` it reports queued bytes to, and its callback holds it only weakly, so a
 dropped connection is freed at once, with no reference cycle to wait for.
@@ -126,12 +126,13 @@ class Connection:
         return self.wire.pending + len(self.outbox)
 
     def send(self, message: p.WireModel) -> None:
-        """Queue a message; it leaves at the end of the loop's turn."""
+        """Queue a message; it leaves as this connection's slice of the loop ends (queued
+        outside one, at the end of the loop's turn)."""
         if not self.closed:
             self.send_frame(self.wire.send(message))
 
     def send_frame(self, frame: bytes) -> None:
-        """Queue an encoded frame; it leaves at the end of the loop's turn."""
+        """Queue an encoded frame; it leaves as `send`'s message does."""
         if self.closed:
             return
         with self.write_lock:

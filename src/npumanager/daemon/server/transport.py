@@ -1,7 +1,8 @@
 """Moving bytes for every client: reading in slices, writing, backpressure, the budget.
 
 The loop (`server.Daemon`) hands readable and writable sockets here. Each connection's
-frames are handled a slice at a time, so a pipeline cannot hold up the others; a client
+frames are handled a slice at a time, so a pipeline cannot hold up the others, and the
+replies of a slice leave as it ends, before the next connection's slice; a client
 that leaves `OUTBOX_PAUSE_BYTES` unread is not read again until it drains; the bytes
 buffered for all clients stay within the daemon-wide budget, dropping the connection
 that holds the most when they would not.
@@ -186,8 +187,8 @@ class Transport:
         """Handle the connection's frames for one slice of the loop; the rest wait a turn.
 
         A slice ends after `FRAMES_PER_TURN` frames or `TURN_SLICE_S`, so one client's
-        pipeline cannot hold up the others; a client that leaves `OUTBOX_PAUSE_BYTES`
-        unread gets nothing more handled until it reads.
+        pipeline cannot hold up the others, and its replies are written then; a client
+        that leaves `OUTBOX_PAUSE_BYTES` unread gets nothing more handled until it reads.
         """
         self.backlog.discard(connection)
         wire = connection.wire
@@ -211,6 +212,10 @@ class Transport:
                 self.backlog.add(connection)
         except p.ProtocolError as exc:
             self.fatal(connection, str(exc))
+        finally:
+            if connection in self.dirty:  # its replies leave now, not after the others' slices
+                self.dirty.discard(connection)
+                self.write(connection)
 
     def pause(self, connection: Connection) -> None:
         """Stop reading a client that does not read; `_write` resumes it once it drains."""
