@@ -7,8 +7,14 @@ writes the output beside it and answers with another header. What this costs abo
 same session run in process is what a 1 MiB input costs to move between two processes
 on this machine before a single line of the daemon runs.
 
-Used by benchmarks/ipc_inference.py; `python benchmarks/ipc_floor.py --serve FD` is the
-second process (started by `BareRoundTrip`).
+`BareRoundTrip(model, relay=True)` puts a third process in the middle, as a model host
+puts one: it passes each header on to the process that runs the session and passes the
+answer back. What that costs above the plain floor is what a second hop costs with no code
+of ours: the floor under a hosted inference.
+
+Used by benchmarks/ipc_inference.py; `python benchmarks/ipc_floor.py --serve FD MEMFD` is
+the process that runs the session and `--relay UP DOWN` the one in the middle (both
+started by `BareRoundTrip`).
 """
 
 from __future__ import annotations
@@ -40,13 +46,24 @@ def session(model: bytes) -> ort.InferenceSession:
 
 
 class BareRoundTrip:
-    """The caller's end: `run(x)` returns the output computed in the other process."""
+    """The caller's end: `run(x)` returns the output computed in the other process (with
+    `relay`, through a third process in the middle)."""
 
-    def __init__(self, model: bytes) -> None:
+    def __init__(self, model: bytes, relay: bool = False) -> None:
         fd = os.memfd_create("npu-floor")
         os.ftruncate(fd, SEGMENT_BYTES)
         self.memory = mmap.mmap(fd, SEGMENT_BYTES)
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.relay: subprocess.Popen[bytes] | None = None
+        if relay:  # the caller's peer is the relay; the server gets the relay's other end
+            up = theirs
+            down, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self.relay = subprocess.Popen(
+                [sys.executable, __file__, "--relay", str(up.fileno()), str(down.fileno())],
+                pass_fds=(up.fileno(), down.fileno()),
+            )
+            up.close()
+            down.close()
         self.server = subprocess.Popen(
             [sys.executable, __file__, "--serve", str(theirs.fileno()), str(fd)],
             stdin=subprocess.PIPE,
@@ -69,7 +86,9 @@ class BareRoundTrip:
 
     def close(self) -> None:
         self.sock.close()
-        self.server.wait(30)
+        for process in (self.relay, self.server):
+            if process is not None:
+                process.wait(30)
 
 
 def _serve(sock_fd: int, memory_fd: int) -> None:
@@ -85,7 +104,22 @@ def _serve(sock_fd: int, memory_fd: int) -> None:
         sock.send(HEADER.pack(0, rows, at))
 
 
+def _relay(up_fd: int, down_fd: int) -> None:
+    """Pass each message from `up` on to `down` and its answer back, until `up` closes."""
+    up, down = socket.socket(fileno=up_fd), socket.socket(fileno=down_fd)
+    up.send(down.recv(8))  # "ready"
+    while message := up.recv(HEADER.size):
+        down.send(message)
+        up.send(down.recv(HEADER.size))
+    down.close()
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["--serve"]:
-        raise SystemExit("usage: python benchmarks/ipc_floor.py --serve SOCKET_FD MEMFD")
-    _serve(int(sys.argv[2]), int(sys.argv[3]))
+    if sys.argv[1:2] == ["--serve"]:
+        _serve(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1:2] == ["--relay"]:
+        _relay(int(sys.argv[2]), int(sys.argv[3]))
+    else:
+        raise SystemExit(
+            "usage: python benchmarks/ipc_floor.py --serve SOCKET_FD MEMFD | --relay UP DOWN"
+        )

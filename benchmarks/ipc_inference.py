@@ -15,12 +15,14 @@
   host process: one more hop); `hosted_*_vs_floor` is its overhead over the floor's.
   Targets (issue 29): 4 KiB p50 at most 2x the floor, 1 MiB `shared_array` p50 at most
   1.5x. The floor crosses one process boundary each way and a hosted run two (client to
-  daemon, daemon to host), so 2x is what a hosted run would cost with no code of ours at
-  all; on this kind of machine each crossing is mostly the wake-up of a sleeping CPU.
+  daemon, daemon to host).
 * floor: a bare round trip with no framework (benchmarks/ipc_floor.py: a memfd, a
   socketpair and a process blocked in recv running the same model's session) less the
   same session run here, in the same rounds: what moving the input to another process
   and back costs on this machine before any of npu-manager runs.
+* relay floor: the same with a third bare process in the middle that passes each message
+  on and its answer back, as a host's hop does (`floor_relay_*`): what two crossings cost
+  with no code of ours; `hosted_*_vs_relay` is a hosted run's overhead over that.
 * two processes: examples/two_processes/run.py (a foreground app with a 16.7 ms frame
   beside a background flood, through the daemon and direct), 3 rounds of each kind of run
   with their frames pooled (1 with `--quick`). Target: the foreground's managed p99
@@ -107,11 +109,20 @@ def _serve(path: Path, *extra: str) -> subprocess.Popen[bytes]:
     return daemon
 
 
-KINDS = ("in_process", "daemon", "in_place", "hosted", "hosted_in_place", "crossed", "bare")
+KINDS = (
+    "in_process",
+    "daemon",
+    "in_place",
+    "hosted",
+    "hosted_in_place",
+    "crossed",
+    "relayed",
+    "bare",
+)
 """What each round times: `LoadedModel.run` in process and through the daemon (a plain
 input, copied into the segment), through the daemon with a `shared_array` input (read in
-place), the same two through a daemon with `--model-hosts`, the floor's bare round trip
-and the bare session here."""
+place), the same two through a daemon with `--model-hosts`, the floor's bare round trip,
+the same through a bare relay, and the bare session here."""
 
 
 def overhead(samples: int, rounds: int) -> dict[str, Any]:
@@ -119,6 +130,7 @@ def overhead(samples: int, rounds: int) -> dict[str, Any]:
     rows: dict[str, list[dict[str, tuple[float, float]]]] = {size: [] for size in SIZES}
     service = npu.Service("onnxruntime")
     floor = BareRoundTrip(summing_model())
+    relay = BareRoundTrip(summing_model(), relay=True)
     session = floor_session(summing_model())
     with tempfile.TemporaryDirectory() as tmp:
         daemon = _serve(Path(tmp) / "npu.sock", "--no-model-hosts")
@@ -148,6 +160,7 @@ def overhead(samples: int, rounds: int) -> dict[str, Any]:
                         "hosted": lambda x=x: hosted.run({"x": x}),
                         "hosted_in_place": lambda s=shared_hosted: hosted.run({"x": s}),
                         "crossed": lambda x=x: [floor.run(x)],
+                        "relayed": lambda x=x: [relay.run(x)],
                         "bare": lambda x=x: session.run(None, {"x": x}),
                     }
                     first = [call()[0] for call in calls.values()]
@@ -167,6 +180,7 @@ def overhead(samples: int, rounds: int) -> dict[str, Any]:
                 process.wait(30)
             service.close()
             floor.close()
+            relay.close()
     result: dict[str, Any] = {}
     for size, figures in rows.items():
         result[f"in_process_{size}_p50_us"] = _median(figures, "in_process", None, 0)
@@ -177,6 +191,7 @@ def overhead(samples: int, rounds: int) -> dict[str, Any]:
             ("hosted_overhead", "hosted", "in_process"),
             ("hosted_in_place_overhead", "hosted_in_place", "in_process"),
             ("floor", "crossed", "bare"),
+            ("floor_relay", "relayed", "bare"),
         ):
             result[f"{name}_{size}_p50_us"] = _median(figures, kind, base, 0)
             result[f"{name}_{size}_p99_us"] = _median(figures, kind, base, 1)
@@ -187,6 +202,12 @@ def overhead(samples: int, rounds: int) -> dict[str, Any]:
             )
         hosted_in_place = result[f"hosted_in_place_overhead_{size}_p50_us"]
         result[f"hosted_in_place_{size}_p50_vs_floor"] = round(hosted_in_place / floor, 2)
+        relayed = max(result[f"floor_relay_{size}_p50_us"], 1.0)
+        result[f"floor_relay_{size}_p50_vs_floor"] = round(relayed / floor, 2)
+        result[f"hosted_overhead_{size}_p50_vs_relay"] = round(
+            result[f"hosted_overhead_{size}_p50_us"] / relayed, 2
+        )
+        result[f"hosted_in_place_{size}_p50_vs_relay"] = round(hosted_in_place / relayed, 2)
     return result
 
 

@@ -243,3 +243,33 @@ def test_real_inference_shows_progress_and_judges_its_targets_beside_its_figures
         "overhead_p50_us <= 50",
     }
     assert judged["overhead_p50_us <= 50"] == (figures["overhead_p50_us"] <= 50)
+
+
+def test_the_relay_floor_runs_the_model_through_a_third_bare_process() -> None:
+    """`BareRoundTrip(relay=True)` answers as the plain floor and the session in process
+    do, through a process of its own in the middle that ends when the caller closes."""
+    pytest.importorskip("onnxruntime")
+    import numpy as np
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        ipc_floor = importlib.import_module("ipc_floor")
+        ipc_inference = importlib.import_module("ipc_inference")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    model = ipc_inference.summing_model()
+    x = np.arange(8 * ipc_floor.WIDTH, dtype=np.float32).reshape(8, ipc_floor.WIDTH)
+    expected = ipc_floor.session(model).run(None, {"x": x})[0]
+    plain, relayed = ipc_floor.BareRoundTrip(model), ipc_floor.BareRoundTrip(model, relay=True)
+    try:
+        assert plain.relay is None
+        assert relayed.relay is not None and relayed.relay.poll() is None
+        assert {relayed.relay.pid, relayed.server.pid}.isdisjoint({os.getpid()})
+        assert relayed.relay.pid != relayed.server.pid
+        np.testing.assert_array_equal(plain.run(x), expected)
+        np.testing.assert_array_equal(relayed.run(x), expected)
+        np.testing.assert_array_equal(relayed.run(x[:3]), expected[:3])
+    finally:
+        plain.close()
+        relayed.close()
+    assert relayed.relay.returncode == 0 and relayed.server.returncode == 0
