@@ -21,6 +21,7 @@ reads and sends nothing more (but the daemon's one fatal `error` frame).
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Any, NamedTuple
 
 from npumanager.daemon.wire import protocol as p
@@ -92,14 +93,23 @@ _MOVES: dict[tuple[Role, State], tuple[Any, ...]] = {
 protocol's table."""
 
 
+@functools.cache
+def _allows(sender: Role, state: State, kind: type) -> tuple[bool, bool, bool]:
+    """For a message of class `kind`: whether it is an error, whether `sender` may send it
+    in `state` as a fatal error (no seq), and whether otherwise (one answer per class, not
+    a walk of the table per frame)."""
+    allowed = _MOVES.get((sender, state), ())
+    return (
+        issubclass(kind, p.Error),
+        _FATAL in allowed,
+        any(isinstance(k, type) and issubclass(kind, k) for k in allowed),
+    )
+
+
 def _why_not(sender: Role, state: State, message: p.WireModel) -> str | None:
     """Why `sender` may not send `message` in `state`, or None when it may."""
-    allowed = _MOVES.get((sender, state), ())
-    if isinstance(message, p.Error) and message.seq is None:
-        may = _FATAL in allowed
-    else:
-        may = any(isinstance(kind, type) and isinstance(message, kind) for kind in allowed)
-    if may:
+    is_error, fatal, plain = _allows(sender, state, type(message))
+    if fatal if is_error and message.seq is None else plain:  # type: ignore[attr-defined]
         return None
     if state in (State.ERROR, State.CLOSED):
         return f"the connection is {state.value}"
