@@ -29,3 +29,36 @@ def give_back_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+class TrimSchedule:
+    """When to hand freed client buffers back: `quiet_s` after the last of them was freed,
+    and while they keep being freed (a client churning connections), at most every
+    `most_s`. A trim walks the whole heap on the loop (a millisecond or more under a
+    flood), so it waits for the churn to stop rather than run at every pause of it."""
+
+    def __init__(self, after_bytes: int, quiet_s: float, most_s: float) -> None:
+        self.after_bytes = after_bytes
+        self.quiet_s = quiet_s
+        self.most_s = most_s
+        self.due: float | None = None
+        """When the next trim is to run (monotonic), if one is owed."""
+        self._first: float | None = None
+        self._seen = 0
+
+    def freed(self, total: int, now: float) -> None:
+        """The bytes freed since the last trim, as of `now`: moves the trim after them."""
+        if total < self.after_bytes or total == self._seen:
+            return
+        self._seen = total
+        if self._first is None:
+            self._first = now
+        self.due = min(now + self.quiet_s, self._first + self.most_s)
+
+    def take(self, now: float) -> bool:
+        """True (and the schedule reset) when a trim is due at `now`."""
+        if self.due is None or now < self.due:
+            return False
+        self.due = self._first = None
+        self._seen = 0
+        return True

@@ -36,7 +36,7 @@ from npumanager.apps.registry import AppRegistry
 from npumanager.core.client.dispatch import Task
 from npumanager.core.plugins.importance import ImportanceSource
 from npumanager.core.service.service import Service
-from npumanager.daemon.heap import give_back_memory
+from npumanager.daemon.heap import TrimSchedule, give_back_memory
 from npumanager.daemon.host.client import HostSettings
 from npumanager.daemon.peer import peer_credentials
 from npumanager.daemon.server.admission import Admission
@@ -74,8 +74,11 @@ ACCEPTS_PER_TURN = 8
 """Connections accepted in one turn of the loop, before every client's frames are served."""
 _TRIM_AFTER_BYTES = 1 << 20
 """Freed client buffers past this many bytes are handed back to the system soon after."""
-_TRIM_DELAY_S = 0.2
-"""Handing memory back walks the heap: at most once in this long, however many are freed."""
+_TRIM_QUIET_S = 0.2
+"""Memory is handed back this long after the last client buffer was freed."""
+_TRIM_MOST_S = 2.0
+"""While buffers keep being freed (a flood of connections), memory is handed back this
+often: each time walks the heap on the loop (about a millisecond here under a flood)."""
 
 
 class Daemon:
@@ -124,7 +127,7 @@ class Daemon:
         self.leadership = Leadership()
         self._accept_resume_at: float | None = None
         self._next_idle_scan = 0.0
-        self._trim_at: float | None = None
+        self._trim = TrimSchedule(_TRIM_AFTER_BYTES, _TRIM_QUIET_S, _TRIM_MOST_S)
         self._log = RateLimitedLog(log)
         self.apps = AppRegistry()
         service.name_uids(self.apps.app_id_of)
@@ -257,8 +260,7 @@ class Daemon:
         """Run posted deliveries, write what each connection has queued, hand memory back."""
         self._run_ready()
         self.transport.write_all()
-        if self.transport.freed >= _TRIM_AFTER_BYTES and self._trim_at is None:
-            self._trim_at = time.monotonic() + _TRIM_DELAY_S
+        self._trim.freed(self.transport.freed, time.monotonic())
 
     def _timeout(self) -> float | None:
         """How long the loop may sleep: until accepting resumes or a hello is overdue."""
@@ -267,8 +269,8 @@ class Daemon:
             times.append(next(iter(self._awaiting_hello.values())))
         if self.limits.idle_timeout_s > 0 and self.transport.connections:
             times.append(self._next_idle_scan)
-        if self._trim_at is not None:
-            times.append(self._trim_at)
+        if self._trim.due is not None:
+            times.append(self._trim.due)
         if self._watchdog_at is not None:
             times.append(self._watchdog_at)
         return max(0.0, min(times) - time.monotonic()) if times else None
@@ -303,8 +305,7 @@ class Daemon:
     def _on_time(self, now: float) -> None:
         if self._watchdog_at is not None and now >= self._watchdog_at:
             self._pet_watchdog(now)
-        if self._trim_at is not None and now >= self._trim_at:
-            self._trim_at = None
+        if self._trim.take(now):
             self.transport.freed = 0
             give_back_memory()
         if self._accept_resume_at is not None and now >= self._accept_resume_at:
