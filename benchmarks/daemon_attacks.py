@@ -1,6 +1,7 @@
 """A well-behaved client's round trip while one hostile client attacks the daemon.
 
-`npu-manager serve` (status quo, vnpu, real clock) runs in a separate process. A raw
+`npu-manager serve` (status quo, vnpu unless `--driver`, real clock) runs in a separate
+process. A raw
 protocol client (the `raw` figure of benchmarks/ipc.py) times request-to-decision round
 trips in rounds: a quiet round, then a round while one attacker process, with a uid of
 its own, keeps up one attack, and so on in turn, so every kind sees the same machine:
@@ -15,9 +16,10 @@ its own, keeps up one attack, and so on in turn, so every kind sees the same mac
   malformed frame as soon as the last one's refusal is back;
 * connect_storm: connections opened and closed as fast as one process can, each saying
   hello (accepting is time-sliced: a few a turn of the loop);
-* load_flood: `load_real` frames, each with a descriptor of a small file, as fast as the
-  replies come (at most two wait per connection; the vnpu daemon refuses each on its
-  loader, which is what is bounded);
+* load_flood: `load_real` frames, each with a descriptor of a small file that is no model,
+  as fast as the replies come. On vnpu each is refused on the loop before its file is
+  looked at; with `--driver onnxruntime` each goes to the loader and to the connection's
+  model host, which refuses it (at most two wait per connection: what is bounded);
 * cpu_burn, the control: a process that keeps a core busy and never calls the daemon. On
   a 2-core machine any attacker takes a core from the client and the daemon; the
   `_vs_cpu_burn` ratios show what is left, the daemon's own share.
@@ -30,7 +32,7 @@ that the attacker can have a uid of its own (otherwise it shares the benchmark's
 management, exempt from the per-uid caps).
 
 Usage: python benchmarks/daemon_attacks.py [--json] [--quick] [--samples N] [--rounds R]
-       [--attacks NAME ...]
+       [--attacks NAME ...] [--driver NAME]
 """
 
 from __future__ import annotations
@@ -256,8 +258,8 @@ def _attacker(name: str, path: str, stop: Stop, ready: Stop) -> None:
         stop.wait()
 
 
-def _serve(path: Path) -> subprocess.Popen[bytes]:
-    command = [*SERVE, "--socket", str(path)]
+def _serve(path: Path, driver: str = "vnpu") -> subprocess.Popen[bytes]:
+    command = [*SERVE, "--driver", driver, "--socket", str(path)]
     options = ["--log-level", "error", "--socket-group", str(SOCKET_GID)]
     daemon = subprocess.Popen(
         [*command, *options, "--max-connections-per-uid", "1100"], stderr=subprocess.DEVNULL
@@ -272,10 +274,13 @@ def _serve(path: Path) -> subprocess.Popen[bytes]:
     raise SystemExit("the daemon did not start listening within 30 s")
 
 
-def measure(samples: int, rounds: int, attacks: list[str] | None = None) -> dict[str, Any]:
+def measure(
+    samples: int, rounds: int, attacks: list[str] | None = None, driver: str = "vnpu"
+) -> dict[str, Any]:
     """Rounds of quiet and of each attack in turn; medians of per-round percentiles.
 
     `attacks` (default all) limits the attacks played; the control is always among them.
+    `driver` is the daemon's.
     """
     context = multiprocessing.get_context("fork")
     chosen = [a for a in ATTACKS if a == CONTROL or attacks is None or a in attacks]
@@ -284,7 +289,7 @@ def measure(samples: int, rounds: int, attacks: list[str] | None = None) -> dict
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o755)
         path = Path(tmp) / "npu.sock"
-        daemon = _serve(path)
+        daemon = _serve(path, driver)
         client = _connect(str(path))
         next_id = 0
         after: list[tuple[int, float]] = []
@@ -321,6 +326,7 @@ def measure(samples: int, rounds: int, attacks: list[str] | None = None) -> dict
     quiet_p99 = statistics.median(p99 for _, p99 in figures["quiet"])
     burn_p99 = statistics.median(p99 for _, p99 in figures["cpu_burn"])
     result: dict[str, Any] = {
+        "driver": driver,
         "samples_per_round": samples,
         "rounds": rounds,
         "attacker_has_own_uid": os.geteuid() == 0,
@@ -352,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
         help="only these attacks (the cpu_burn control always runs)",
     )
     parser.add_argument(
+        "--driver", default="vnpu", help="the daemon's driver (default vnpu; e.g. onnxruntime)"
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help=f"{QUICK_SAMPLES} round trips, one round of each (seconds; noisy)",
@@ -359,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.samples, args.rounds = QUICK_SAMPLES, 1
-    result = measure(args.samples, args.rounds, args.attacks)
+    result = measure(args.samples, args.rounds, args.attacks, args.driver)
     chosen = [a for a in ATTACKS if args.attacks is None or a in args.attacks]
     print_report(result, targets(chosen), as_json=args.json)
     return 0

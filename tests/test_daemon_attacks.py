@@ -794,6 +794,31 @@ def test_a_descriptor_that_cannot_be_read_is_the_clients_error_and_logs_nothing(
     assert "Traceback" not in daemon.log() and "internal error" not in daemon.log()
 
 
+def test_a_driver_without_real_models_refuses_load_real_before_the_file_is_looked_at(
+    socket_dir: Path, serve: Callable[..., DaemonProcess]
+) -> None:
+    """On vnpu, `load_real` is refused on the loop before its descriptor is looked at or
+    a load queued (a pipe would else be refused as not a regular file): a flood of them
+    costs the daemon's loader nothing."""
+    from npumanager.daemon.wire import protocol as p
+
+    daemon = serve()
+    with npu.DaemonClient(daemon.socket, uses_feature=True) as client:
+        request = npu.ModelLoadRequest.Builder(1).set_size(0).build()
+        with client.manager().reserve(request, timeout_s=WAIT_S):
+            for _ in range(3):
+                read_end, write_end = os.pipe()
+                try:
+                    with pytest.raises(npu.IllegalArgumentError, match="runs no real models"):
+                        client.call(
+                            p.LoadRealModel, request_id=1, descriptor=True, fds=[read_end]
+                        )
+                finally:
+                    os.close(read_end)
+                    os.close(write_end)
+    assert daemon.stop() == 0
+
+
 def test_a_clients_replies_leave_as_its_own_slice_ends(socket_dir: Path) -> None:
     """A connection's replies are written when its slice of the loop ends, not after every
     other client's slice of the turn: a flood on one connection holds no one's answer."""

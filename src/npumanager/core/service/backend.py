@@ -116,6 +116,11 @@ class LocalBackend:
         """Load a granted request's model on its device, within what its grant allows."""
         return self._state.load_model(manager, request, weight_bytes, sram_bytes)
 
+    def check_real_load(self, manager: NpuManager, request: ModelLoadRequest) -> None:
+        """Refuse at once a real load that could not open: the request is not granted, or
+        the driver runs no real models (before a model's file is looked at)."""
+        self._state.check_real_load(manager, request)
+
     def load_real_model(
         self,
         manager: NpuManager,

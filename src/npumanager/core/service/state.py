@@ -259,6 +259,13 @@ class ServiceState(Carrying):
             )
             return self._keep(record, handle, device, weight_bytes)
 
+    def check_real_load(self, manager: NpuManager, request: ModelLoadRequest) -> None:
+        """Raise now what `load_real_model` would raise before opening anything: the
+        request is not granted, or the driver runs no real models."""
+        with self._lock:
+            self._granted(manager, request)
+            self._real_driver()
+
     def load_real_model(
         self,
         manager: NpuManager,

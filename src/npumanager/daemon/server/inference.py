@@ -122,8 +122,9 @@ class InferenceCalls:
         return {"cancelled": connection.lane.cancel()}
 
     def on_load_real(self, connection: Connection, message: p.LoadRealModel) -> NoReply:
-        """Check the call here, then read and open the model on the loader thread (that
-        can take seconds): the loop goes on serving everyone meanwhile."""
+        """Check the call here (a request not granted and a driver without real models are
+        refused before the model's file is looked at), then read and open the model on the
+        loader thread (that can take seconds): the loop goes on serving everyone meanwhile."""
         # The descriptors are taken first, so that those sent with a refused frame are not
         # left for the next.
         fds: list[int] = []
@@ -142,9 +143,10 @@ class InferenceCalls:
                     "load_real's sidecars must be distinct names, sent with the model's descriptor"
                 )
             request = self.calls.live(connection, message.request_id)
+            manager = self.calls.manager_of(connection)
+            self.backend.check_real_load(manager, request)
             connection.check_quota("models")
             segment = self._model_segment(connection, message, fds)
-            manager = self.calls.manager_of(connection)
         except BaseException:
             close_all(fds)
             raise
