@@ -810,9 +810,7 @@ def test_a_driver_without_real_models_refuses_load_real_before_the_file_is_looke
                 read_end, write_end = os.pipe()
                 try:
                     with pytest.raises(npu.IllegalArgumentError, match="runs no real models"):
-                        client.call(
-                            p.LoadRealModel, request_id=1, descriptor=True, fds=[read_end]
-                        )
+                        client.call(p.LoadRealModel, request_id=1, descriptor=True, fds=[read_end])
                 finally:
                     os.close(read_end)
                     os.close(write_end)
