@@ -24,10 +24,11 @@ class Blocked:
         self.release = threading.Event()
         self.ran = False
 
-    def __call__(self) -> None:
+    def __call__(self) -> bool:
         self.started.set()
         assert self.release.wait(WAIT_S)
         self.ran = True
+        return True  # the model opened
 
 
 @pytest.fixture
@@ -116,3 +117,98 @@ def test_close_all_closes_each_descriptor_once() -> None:
     for fd in kept:
         with pytest.raises(OSError):
             os.fstat(fd)
+
+
+class Answering(Blocked):
+    """A blocked load that, once let go, says whether its model opened."""
+
+    def __init__(self, opened: bool) -> None:
+        super().__init__()
+        self.opened = opened
+
+    def __call__(self) -> bool:
+        super().__call__()
+        return self.opened
+
+
+def test_a_refused_load_pauses_its_connection_while_others_go_first() -> None:
+    """After a refused load, the connection's next waits out its pause; another
+    connection's load, queued after it, runs meanwhile."""
+    loader = Loader(per_owner=2, refusal_pause_s=(3600.0, 3600.0))
+    flood, other = object(), object()
+    dropped: list[str] = []
+    try:
+        refused = Answering(opened=False)
+        loader.submit(flood, refused, lambda: None)
+        assert refused.started.wait(WAIT_S)
+        waiting, going = Answering(True), Answering(True)
+        loader.submit(flood, waiting, lambda: dropped.append("waiting"))
+        refused.release.set()
+        loader.submit(other, going, lambda: None)
+        assert going.started.wait(WAIT_S), "the other connection's load ran first"
+        assert not waiting.started.is_set()
+        assert loader.pause_of(flood) == 3600.0 and loader.pause_of(other) == 0.0
+        assert loader.counts() == {"queued": 1, "running": 1}
+        going.release.set()
+    finally:
+        loader.close()
+    assert dropped == ["waiting"]
+
+
+def test_refusals_in_a_row_double_the_pause_up_to_its_most_and_an_opened_load_ends_it() -> None:
+    loader = Loader(per_owner=2, refusal_pause_s=(0.001, 0.004))
+    owner = object()
+    pauses = []
+    try:
+        load = Answering(opened=False)
+        loader.submit(owner, load, lambda: None)
+        for opened in (False, False, False, True, False):
+            assert load.started.wait(WAIT_S)
+            after = Answering(opened)
+            loader.submit(owner, after, lambda: None)
+            load.release.set()
+            assert after.started.wait(WAIT_S)  # the loader updated the pause before it
+            pauses.append(loader.pause_of(owner))
+            load = after
+        load.release.set()
+    finally:
+        loader.close()
+    assert pauses == [0.001, 0.002, 0.004, 0.004, 0.0]
+
+
+def test_a_gone_connections_pause_is_forgotten(loader: Loader) -> None:
+    owner = object()
+    refused = Answering(opened=False)
+    refused.release.set()
+    loader.submit(owner, refused, lambda: None)
+    assert refused.started.wait(WAIT_S)
+    barrier = Answering(True)
+    barrier.release.set()
+    loader.submit(object(), barrier, lambda: None)
+    assert barrier.started.wait(WAIT_S)
+    assert loader.pause_of(owner) > 0
+    loader.forget(owner)
+    assert loader.pause_of(owner) == 0.0
+
+
+def test_an_apps_pause_holds_its_other_connections_too() -> None:
+    """The pause belongs to the app (`group`): a second connection of the app that sent a
+    bad model waits too, while another app's load goes first."""
+    loader = Loader(per_owner=2, refusal_pause_s=(3600.0, 3600.0))
+    first, second, stranger = object(), object(), object()
+    try:
+        refused = Answering(opened=False)
+        refused.release.set()
+        loader.submit(first, refused, lambda: None, ("app", "flood"))
+        assert refused.started.wait(WAIT_S)
+        waiting, going = Answering(True), Answering(True)
+        going.release.set()
+        loader.submit(second, waiting, lambda: None, ("app", "flood"))
+        loader.submit(stranger, going, lambda: None, ("app", "other"))
+        assert going.started.wait(WAIT_S)
+        assert not waiting.started.is_set()
+        assert loader.pause_of(("app", "flood")) == 3600.0
+        loader.forget(first)
+        assert loader.pause_of(("app", "flood")) == 3600.0, "the app's pause outlives it"
+    finally:
+        loader.close()

@@ -154,12 +154,12 @@ class InferenceCalls:
         uid = connection.peer.uid
         span = message.span
 
-        def load() -> None:
+        def load() -> bool:
             outcome: LoadedModel | Exception
             try:
                 live = ref()
                 if live is None or live.closed:
-                    return  # the client went while its load waited
+                    return True  # the client went while its load waited: nothing refused
                 host = None if self.hosting is None else self.hosting.host_for(live)
                 del live
                 data: Any = None
@@ -182,8 +182,11 @@ class InferenceCalls:
             finally:
                 close_all(fds)
             self._post(lambda: self._loaded(ref, message.seq, uid, outcome))
+            return not isinstance(outcome, Exception)
 
-        self._loader.submit(connection, load, lambda: close_all(fds))
+        app = connection.app
+        group = ("app", app.app_id) if app is not None else ("uid", uid)
+        self._loader.submit(connection, load, lambda: close_all(fds), group)
         return NO_REPLY
 
     def _model_segment(
