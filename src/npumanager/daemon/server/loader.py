@@ -7,9 +7,9 @@ with the per-uid connection cap that bounds a uid's share of the queue. An app w
 was refused (not a model, over its grant) waits a pause before its next one runs, on any
 of its connections, doubling with each refusal in a row (`REFUSAL_PAUSE_S`), while other
 apps' loads go first: a flood of bad models gets the loader's time a few times a second,
-however many connections it comes on. A connection that
-goes takes its queued loads with it at once (their descriptors closed). The thread is a
-daemon thread: a load in progress never holds up the daemon's exit.
+however many connections it comes on. A connection that goes takes its queued loads with
+it at once (their descriptors closed). The thread is a daemon thread: a load in progress
+never holds up the daemon's exit.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from npumanager.schemas.limits import MAX_LOADS_PER_CONNECTION
 log = logging.getLogger(__name__)
 
 REFUSAL_PAUSE_S = (0.001, 0.1)
-"""The pause before a connection's next load after a refused one: the first, and the most
-it doubles to with refusals in a row (a load that opens ends it)."""
+"""The pause before an app's next load after a refused one: the first, and the most it
+doubles to with refusals in a row (a load that opens ends it)."""
 
 
 def close_all(fds: list[int]) -> None:
@@ -117,7 +117,7 @@ class Loader:
     def forget(self, owner: object) -> int:
         """Drop the owner's queued loads (it went): how many."""
         with self._ready:
-            self._paused.pop(id(owner), None)  # an app's pause outlives its connections
+            self._paused.pop(id(owner), None)  # a pause of its own; its app's outlives it
             mine = [load for load in self._queue if load.owner is owner]
             for load in mine:
                 self._queue.remove(load)
@@ -148,7 +148,7 @@ class Loader:
             del self._counts[key]
 
     def _next(self) -> _Load | None:
-        """The first queued load whose owner is not paused, taken from the queue (lock
+        """The first queued load whose group is not paused, taken from the queue (lock
         held); None if every one waits out a pause (or none is queued)."""
         now = time.monotonic()
         for load in self._queue:
