@@ -264,7 +264,6 @@ def test_the_relay_floor_runs_the_model_through_a_third_bare_process() -> None:
     try:
         assert plain.relay is None
         assert relayed.relay is not None and relayed.relay.poll() is None
-        assert {relayed.relay.pid, relayed.server.pid}.isdisjoint({os.getpid()})
         assert relayed.relay.pid != relayed.server.pid
         np.testing.assert_array_equal(plain.run(x), expected)
         np.testing.assert_array_equal(relayed.run(x), expected)

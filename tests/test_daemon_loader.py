@@ -199,16 +199,16 @@ def test_an_apps_pause_holds_its_other_connections_too() -> None:
     try:
         refused = Answering(opened=False)
         refused.release.set()
-        loader.submit(first, refused, lambda: None, ("app", "flood"))
+        loader.submit(first, refused, lambda: None, "app-flood")
         assert refused.started.wait(WAIT_S)
         waiting, going = Answering(True), Answering(True)
         going.release.set()
-        loader.submit(second, waiting, lambda: None, ("app", "flood"))
-        loader.submit(stranger, going, lambda: None, ("app", "other"))
+        loader.submit(second, waiting, lambda: None, "app-flood")
+        loader.submit(stranger, going, lambda: None, "app-other")
         assert going.started.wait(WAIT_S)
         assert not waiting.started.is_set()
-        assert loader.pause_of(("app", "flood")) == 3600.0
+        assert loader.pause_of("app-flood") == 3600.0
         loader.forget(first)
-        assert loader.pause_of(("app", "flood")) == 3600.0, "the app's pause outlives it"
+        assert loader.pause_of("app-flood") == 3600.0, "the app's pause outlives it"
     finally:
         loader.close()

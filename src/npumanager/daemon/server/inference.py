@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from npumanager.apps.registry import fallback_id
 from npumanager.checks import group_bytes
 from npumanager.core.client.dispatch import Task
 from npumanager.core.client.manager import LoadedModel
@@ -184,9 +185,8 @@ class InferenceCalls:
             self._post(lambda: self._loaded(ref, message.seq, uid, outcome))
             return not isinstance(outcome, Exception)
 
-        app = connection.app
-        group = ("app", app.app_id) if app is not None else ("uid", uid)
-        self._loader.submit(connection, load, lambda: close_all(fds), group)
+        app_id = connection.app.app_id if connection.app is not None else fallback_id(uid)
+        self._loader.submit(connection, load, lambda: close_all(fds), app_id)
         return NO_REPLY
 
     def _model_segment(
