@@ -30,6 +30,7 @@ from npumanager.schemas.limits import (
     DAEMON_SWITCH_INTERVAL_S,
     DEFAULT_HEALTH_INTERVAL_MS,
     DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_LEASE_US,
     DEFAULT_MAX_BUFFERED_BYTES,
     DEFAULT_MAX_CONNECTIONS_PER_UID,
     DEFAULT_MAX_INFERENCES_PER_CONNECTION,
@@ -42,6 +43,7 @@ from npumanager.schemas.limits import (
     DEFAULT_UNLOAD_GRACE_MS,
     INT32_MAX,
     INT64_MAX,
+    MAX_LEASE_US,
 )
 
 log = logging.getLogger("npumanager.daemon")
@@ -63,6 +65,18 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a whole number; got {text!r}") from None
     if not 1 <= value <= INT32_MAX:
         raise argparse.ArgumentTypeError(f"must be 1..{INT32_MAX}; got {value}")
+    return value
+
+
+def _lease_us(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of us; got {text!r}") from None
+    if not 0 <= value <= MAX_LEASE_US:
+        raise argparse.ArgumentTypeError(
+            f"must be 0 (ask before every run) to {MAX_LEASE_US} us; got {value}"
+        )
     return value
 
 
@@ -158,6 +172,16 @@ def add_serve(add: Add) -> None:
         "confined, unprivileged and held to its grants' memory (default: on for a driver "
         "that runs real models; --no-model-hosts runs them in the daemon; see the "
         "model hosts page)",
+    )
+    serve.add_argument(
+        "--lease-us",
+        type=_lease_us,
+        default=DEFAULT_LEASE_US,
+        metavar="US",
+        help="a model host's grant to run what its client sent it directly leases the "
+        "device's channel for US microseconds: further runs of the same model and priority "
+        f"start without asking the daemon (default {DEFAULT_LEASE_US}; 0: ask before every "
+        "run; see the model hosts page)",
     )
     limits = serve.add_argument_group("limits (management uids are exempt from the per-uid caps)")
     limits.add_argument(
@@ -363,7 +387,7 @@ def _host_settings(args: argparse.Namespace, options: dict[str, Any]) -> Any:
             "model hosts run without a memory limit: no memory cgroup this daemon may write "
             "(cgroup v2 with the memory controller delegated, or a v1 memory hierarchy)"
         )
-    return HostSettings(args.driver, options, args.devices, cgroups=cgroups)
+    return HostSettings(args.driver, options, args.devices, cgroups=cgroups, lease_us=args.lease_us)
 
 
 def _device_nodes(given: list[str] | None) -> list[str] | None:

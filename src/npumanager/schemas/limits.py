@@ -188,6 +188,13 @@ DEFAULT_LANE_SPIN_US: Final = 200
 """How long a client polls its lane for a reply before it sleeps in ``recv``, while the lane's
 replies have been coming within that (``connect(lane_spin_us=...)``; 0: never poll)."""
 MAX_LANE_SPIN_US: Final = 10_000
+DEFAULT_LEASE_US: Final = 0
+"""How long a model host's grant leases its channel for further runs of the same model and
+priority without asking the daemon (``serve --lease-us``; 0: it asks before every run)."""
+MAX_LEASE_US: Final = 100_000
+LEASE_OVERRUN_S: Final = 0.1
+"""How long past its deadline a lease may go before the daemon takes it back and frees its
+channel (the run it started last may still be ending)."""
 DEFAULT_MAX_INFERENCES_PER_CONNECTION: Final = 256
 """Inferences one daemon connection may have in flight (with the per-uid connection cap,
 one uid cannot fill the driver's live work)."""

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from npumanager.checks import GroupId
 from npumanager.core.driver.debounce import Debouncer
 from npumanager.core.driver.events import EventKind, WorkEvent, to_work_infos
-from npumanager.core.driver.job import Job, WorkMode
+from npumanager.core.driver.job import DirectRun, Job, WorkMode
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas import EndReason, SchedulingConfig, StartReason, WorkInfo
 from npumanager.schemas.device import DeviceDescription, DeviceStatus
@@ -242,11 +242,12 @@ class RealExecution(Protocol):
         self,
         model: int,
         job: Job,
-        inputs: Mapping[str, Any] | None,
+        inputs: Mapping[str, Any] | DirectRun | None,
         mode: WorkMode = WorkMode.QUEUED,
     ) -> WorkHandle:
         """Queue one inference of ``job`` on ``inputs``; a future of its outputs. ``mode``
-        says who runs it and who waits (`WorkMode`)."""
+        says who runs it and who waits (`WorkMode`). A `DirectRun` is an inference whose
+        model's host reads the inputs itself: its ``grant`` runs in the model's place."""
 
     def outputs(self, handle: WorkHandle, timeout: float | None = None) -> list[Any]:
         """The outputs of submitted work (run here if it was submitted inline and took a

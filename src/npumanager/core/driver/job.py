@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from npumanager.checks import GroupId
 from npumanager.schemas.limits import MIN_PRIORITY
@@ -38,6 +39,18 @@ class WorkMode(enum.Flag):
     SYNC = enum.auto()
     """With ``INLINE``: only the calling thread waits, with ``outputs`` and no timeout, so
     work it runs itself needs no future other threads could wait on."""
+
+
+@dataclass(eq=False, slots=True)
+class DirectRun:
+    """A real inference whose inputs and outputs its model's host handles itself (the data
+    plane, out of the daemon): a real driver schedules it as any work, checks no inputs,
+    and when it runs calls `grant(session, call)`, which lets the host go and waits until
+    the host says the run ended (`call`, the driver's, cancels it)."""
+
+    grant: Callable[[Any, Any], list[Any]]
+    work_id: int = -1
+    """Set by the driver as it takes the work, before any worker can run it."""
 
 
 class Arrivals(NamedTuple):

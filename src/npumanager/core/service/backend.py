@@ -19,7 +19,7 @@ from npumanager.core.client.callbacks import ModelLoadRequestCallback, takes_rea
 from npumanager.core.client.dispatch import DeliveryStats, ExecutorLike, SerialQueue
 from npumanager.core.client.manager import LoadedModel, NpuManager
 from npumanager.core.driver.contract import RealExecution, WorkHandle
-from npumanager.core.driver.job import WorkMode
+from npumanager.core.driver.job import DirectRun, WorkMode
 from npumanager.core.service.requests import RequestRecord
 from npumanager.core.service.state import ServiceState
 from npumanager.errors import FeatureNotDeclaredError, FeatureWarning, NpuPermissionError
@@ -160,7 +160,7 @@ class LocalBackend:
     def submit_inference(
         self,
         model: LoadedModel,
-        inputs: Mapping[str, Any],
+        inputs: Mapping[str, Any] | DirectRun,
         job_priority: int,
         original_uid: int | None,
         group_id: GroupId | None,

@@ -18,7 +18,7 @@ from npumanager.core.arbiter.actions import Action, Complete, RequestKey, Reques
 from npumanager.core.arbiter.policy import Policy
 from npumanager.core.client.manager import LoadedModel, NpuManager
 from npumanager.core.driver.contract import RealExecution, ThermalModel, WorkHandle
-from npumanager.core.driver.job import Job, WorkMode
+from npumanager.core.driver.job import DirectRun, Job, WorkMode
 from npumanager.core.plugins.health import SourceState
 from npumanager.core.service.carrying import Carrying
 from npumanager.core.service.requests import RequestRecord
@@ -329,7 +329,7 @@ class ServiceState(Carrying):
     def submit_inference(
         self,
         model: LoadedModel,
-        inputs: Mapping[str, Any],
+        inputs: Mapping[str, Any] | DirectRun,
         job: tuple[int, int | None, GroupId | None, str | None],
         mode: WorkMode,
     ) -> WorkHandle:

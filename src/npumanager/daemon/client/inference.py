@@ -12,7 +12,6 @@ the lane's inference (`cancel_lane`) when it runs out.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 import threading
@@ -39,7 +38,7 @@ from npumanager.daemon.wire.lane import (
     TensorRef,
     encode_request,
 )
-from npumanager.errors import NpuManagerError, UnknownWorkError
+from npumanager.errors import DaemonUnavailableError, NpuManagerError, UnknownWorkError
 from npumanager.schemas import EndReason, NpuUuid
 
 log = logging.getLogger(__name__)
@@ -81,22 +80,46 @@ class RemoteWork(Future[list[np.ndarray]]):
         self.call_seq = -1
         self._owner = owner
         self._model = model
+        self._ending = threading.Lock()
+        """Held while the future takes its end: the reader thread and a cancel may both
+        give it one."""
 
     def cancel(self) -> bool:
         """Cancel the work: True if it ended cancelled, False if it had ended otherwise."""
-        if not self.done():
-            # UnknownWorkError: it ended meanwhile, and its WorkEnded frame came first
-            with contextlib.suppress(UnknownWorkError):
-                if self.work_id >= 0:
-                    self._owner.cancel(self._model, self.work_id)
-                else:
-                    self._owner.cancel_call(self.call_seq)
-        return self.cancelled()
+        if self.done():
+            return self.cancelled()
+        try:
+            if self.work_id >= 0:
+                self._owner.cancel(self._model, self.work_id)
+            else:
+                self._owner.cancel_call(self.call_seq)
+        except UnknownWorkError:
+            return self.cancelled()  # it had ended in the daemon: its WorkEnded says how
+        # The daemon ended it cancelled, whether or not its WorkEnded has been read yet.
+        self.ended_cancelled()
+        return True
 
     def ended_cancelled(self) -> None:
-        """The daemon ended the work cancelled (by this client, a revoke or an unload)."""
-        Future.cancel(self)
-        self.set_running_or_notify_cancel()
+        """The daemon ended the work cancelled (by this client, a revoke or an unload): the
+        future is cancelled, once, by its WorkEnded or the reply to a cancel, whichever
+        is read first."""
+        with self._ending:
+            if not self.done():
+                Future.cancel(self)
+                self.set_running_or_notify_cancel()
+
+    def succeed(self, outputs: list[np.ndarray]) -> None:
+        """The work completed with `outputs` (nothing if the future has ended already)."""
+        with self._ending:
+            if not self.done():
+                self.set_result(outputs)
+
+    def fail(self, error: BaseException) -> None:
+        """The work failed, was refused or was lost with its connection (nothing if the
+        future has ended already)."""
+        with self._ending:
+            if not self.done():
+                self.set_exception(error)
 
 
 @dataclass
@@ -139,6 +162,8 @@ class RemoteInference:
         """The connection's lane, taken for one run: opened on first use; None when the
         daemon refused one, it closed, or another thread has it."""
         with self._lock:
+            if self._lane is not None and not self._lane.open:
+                self._lane = None  # its far end went (a model host's death): a new one
             if self._lane is None and not self._lane_refused:
                 self._lane = self._open_lane()
             lane = self._lane
@@ -241,15 +266,25 @@ class RemoteInference:
         `TimeoutError` raised. It goes over the lane while the lane is free (a concurrent
         caller's run takes the connection, as `submit` does)."""
         lane = self.lane()
+        lane_closed: DaemonUnavailableError | None = None
         if lane is not None:
             deadline = None if timeout is None else time.monotonic() + timeout
             try:
                 outputs = self._run_on_lane(lane, model, inputs, job_priority, deadline)
+            except DaemonUnavailableError as exc:
+                # The lane's far end closed: its model host died, or the daemon went. The
+                # connection's own path runs it, or says why it cannot.
+                outputs, lane_closed = None, exc
             finally:
                 lane.give_back()
             if outputs is not None:
                 return outputs
-        future = self.submit(model, inputs, job_priority, None, None, None, ack=False)
+        try:
+            future = self.submit(model, inputs, job_priority, None, None, None, ack=False)
+        except DaemonUnavailableError:
+            if lane_closed is not None:
+                raise lane_closed from None
+            raise
         try:
             return future.result(timeout)
         except TimeoutError:
@@ -372,15 +407,15 @@ class RemoteInference:
                 return
             else:
                 error = self._wire.error_class(message.kind)
-                future.set_exception(error(message.message or "the inference failed"))
+                future.fail(error(message.message or "the inference failed"))
                 return
         except Exception as exc:
-            future.set_exception(exc)
+            future.fail(exc)
             return
         finally:
             if flight.size:
                 segment.release(flight.offset, flight.size)
-        future.set_result(outputs)
+        future.succeed(outputs)
 
     def _fetch(self, flight: _Flight, message: p.WorkEnded) -> list[np.ndarray]:
         """Outputs the daemon held (too large for the region): fetched into a new one."""
@@ -413,15 +448,15 @@ class RemoteInference:
             return False
         if self._segment is not None:
             self._segment.release(flight.offset, flight.size)
-        flight.future.set_exception(error)
+        flight.future.fail(error)
         return True
 
     def lost(self, error: Exception) -> None:
         """The connection is gone: every inference in flight fails with `error`."""
         for seq in list(self._flights):
             flight = self._flights.pop(seq, None)
-            if flight is not None and not flight.future.done():
-                flight.future.set_exception(error)
+            if flight is not None:
+                flight.future.fail(error)
 
 
 __all__ = ["RemoteInference", "RemoteWork"]

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from npumanager.daemon.host import messages, shared
+from npumanager.daemon.host.grants import GrantPage, Grants
 from npumanager.daemon.host.memory import (
     HELD_FACTOR,
     HOST_MEMORY_BASE_BYTES,
@@ -45,6 +46,7 @@ from npumanager.errors import (
     ModelHostError,
     NpuManagerError,
 )
+from npumanager.schemas.limits import DEFAULT_LEASE_US
 from npumanager.vendor_drivers.realexec.session import Call, Counted, InHost, InputSpec
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,10 @@ class HostSettings:
     """Where each host's memory cgroup is made (`daemon.host.memory`); None: no limit."""
     counts: RunCounts = field(default_factory=RunCounts)
     """Every host of the daemon counts its runs here (shown in `info`)."""
+    lease_us: int = DEFAULT_LEASE_US
+    """How long a direct run's grant leases its channel (`daemon.server.direct`)."""
+    command: tuple[str, ...] = (sys.executable, "-m", "npumanager.daemon.host")
+    """How a host is started (its settings follow as JSON): a test may start another."""
 
 
 def can_host(driver: object) -> bool:
@@ -132,6 +138,13 @@ class ModelHost:
         """Set once the reader has said why the host ended (`dead`)."""
         self._idle_runners: dict[bool, list[Runner]] = {False: [], True: []}
         self._runners: list[Runner] = []
+        self._lanes = 0
+        self.grants = Grants()
+        """How long the host was allowed to run (`daemon.server.audit` holds it to that)."""
+        self.names: dict[int, int] = {}
+        """The host's model id of each of the connection's model handles (for its lanes)."""
+        self.last_opened: int | None = None
+        """The model id of the last model opened (loads run one at a time)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
         spec = {
@@ -144,7 +157,7 @@ class ModelHost:
         with theirs:
             try:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-m", "npumanager.daemon.host", json.dumps(spec)],
+                    [*settings.command, json.dumps(spec)],
                     stdin=theirs.fileno(),
                     stdout=subprocess.DEVNULL,
                     close_fds=True,
@@ -164,6 +177,8 @@ class ModelHost:
                     f"the model host could not be given its memory limit: {exc}"
                 ) from None
         ready = self._first_message()
+        self.page = GrantPage()
+        """Its leases' generation (`daemon.host.direct`), written by the daemon only."""
         self.confined = ready.get("confined", {})
         self._reader = threading.Thread(target=self._read, name=f"npu-host-{self.pid}", daemon=True)
         self._reader.start()
@@ -249,6 +264,7 @@ class ModelHost:
             fields["segment"] = segment.id
             if runner.segment != segment.id:
                 sending.insert(0, segment.fd)
+        self.grants.opened()
         try:
             messages.send(runner.sock, {"run": run_id, **fields}, sending, payload)
             answer = messages.receive(runner.sock)
@@ -257,9 +273,11 @@ class ModelHost:
             raise ModelHostError(f"the model host answered a run badly ({exc}); killed") from None
         except OSError:
             answer = None
+        finally:
+            self.grants.closed()
         if answer is None:
             runner.sock.close()
-            raise ModelHostError(f"the model host {self._ending()}")
+            raise ModelHostError(f"the model host {self.ending()}")
         if segment is not None:
             runner.segment = segment.id
         with self._lock:
@@ -292,7 +310,36 @@ class ModelHost:
             theirs.close()
         return runner
 
-    def _ending(self) -> str:
+    def open_lane(
+        self, lane: socket.socket, segment_fd: int, segment_size: int
+    ) -> tuple[socket.socket, int]:
+        """Have the host serve a client's lane (`daemon.host.direct`) over the segment
+        `segment_fd`: the daemon's end of the lane's gate, and the lane's runner index."""
+        with self._lock:
+            if self.dead is not None:
+                raise ModelHostError(f"the model host {self.dead}")
+            self._lanes += 1
+            index = -self._lanes  # runners count up from 1
+            names = sorted(self.names.items())
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            fds = [lane.fileno(), theirs.fileno(), segment_fd, self.page.read_only]
+            self.tell("lane", fds, runner=index, size=segment_size, names=names)
+        return ours, index
+
+    def name(self, handle: int, model_id: int) -> None:
+        """The connection calls the host's model `model_id` ``handle`` (its lanes say it)."""
+        with self._lock:
+            self.names[handle] = model_id
+        self.ask("name", handle=handle, model=model_id)
+
+    def forget(self, model_id: int) -> None:
+        """The model `model_id` is closed: no handle names it any more."""
+        with self._lock:
+            for handle in [h for h, m in self.names.items() if m == model_id]:
+                del self.names[handle]
+
+    def ending(self) -> str:
         """Why the host ended, once its reader has said (a runner's socket may close first)."""
         self._gone.wait(self.settings.answer_s)
         return self.dead or "ended"
@@ -351,6 +398,7 @@ class ModelHost:
                 f"allow ({host_limit(self._held + weight, 0)} bytes: {HOST_MEMORY_BASE_BYTES} "
                 f"for the host and {HELD_FACTOR}x the weights); the model was closed"
             )
+        self.last_opened = model_id
         return HostedSession(self, model_id, weight, inputs, str(header.get("target", "")))
 
     def discard(self, counted: Counted) -> None:
@@ -423,6 +471,7 @@ class ModelHost:
         self._gone.set()
         with contextlib.suppress(OSError):
             self._sock.close()
+        self.page.close()
 
     def _reap(self) -> str:
         """Wait for the host to end (after a kill, or its socket closed), remove its
@@ -534,6 +583,7 @@ class HostedSession:
 
     def close(self) -> None:
         """Close the model's session in the host."""
+        self.host.forget(self.model_id)
         self.host.tell("drop", model=self.model_id)
         self.host.closed(self.weight_bytes)
 

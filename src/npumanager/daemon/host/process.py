@@ -26,26 +26,24 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from npumanager.daemon.heap import give_back_memory
 from npumanager.daemon.host import messages
+from npumanager.daemon.host.direct import BACKGROUND_NICE, DirectLane, Runs, checked_lane
 from npumanager.daemon.host.sandbox import confine
-from npumanager.errors import IllegalArgumentError, NpuManagerError
+from npumanager.errors import IllegalArgumentError, NpuManagerError, UnknownModelError
 from npumanager.modelfiles import read_model_file
 from npumanager.schemas.limits import DEFAULT_MAX_MODEL_FILE_BYTES
 from npumanager.vendor_drivers.realexec.base import RealDriver
 from npumanager.vendor_drivers.realexec.osprio import lower_thread_priority
 from npumanager.vendor_drivers.realexec.session import Call, Counted, Session
 
-BACKGROUND_NICE = 10
-"""How much lower a background inference's thread runs (`nice` steps), as the driver's own
-background workers do."""
 
-
-class Host:
+class Host(Runs):
     """One client's models in this process, and the runs in flight."""
 
     def __init__(self, sock: socket.socket, driver: RealDriver) -> None:
@@ -61,6 +59,17 @@ class Host:
         self._early: dict[int, int] = {}
         """A cancel per runner that came before its run (one at most: a runner carries one
         run at a time, and the daemon cancels only the run in flight on it)."""
+        self._names: dict[int, int] = {}
+        """The host's model id of each of the connection's model handles."""
+        self._handlers: dict[str, Callable[[dict[str, Any], list[int]], dict[str, Any]]] = {
+            "count": self._count,
+            "open": self._open,
+            "name": self._name,
+            "lane": self._start_lane,
+            "band": self._band,
+            "drop": self._drop,
+            "cancel": self._cancel,
+        }
 
     def serve(self) -> None:
         """Answer the daemon's requests until it closes its end."""
@@ -115,12 +124,7 @@ class Host:
                 header, payload, fds = message
                 run_id = header["run"]
                 call = Call(background)
-                with self._lock:
-                    self._received[index] = run_id
-                    early = self._early.pop(index, None)
-                    self._calls[run_id] = call
-                if early == run_id:
-                    call.cancel()
+                self.begin(index, run_id, call)
                 source: int | bytes | mmap.mmap = payload
                 try:
                     if "segment" in header:
@@ -133,8 +137,7 @@ class Host:
                     reply, out = _error(exc), None
                 finally:
                     _close(fds)
-                    with self._lock:
-                        self._calls.pop(run_id, None)
+                    self.end(run_id)
                 answer = reply.pop("payload", b"")
                 try:
                     messages.send(sock, reply, [] if out is None else [out], answer)
@@ -144,54 +147,96 @@ class Host:
                     if out is not None:
                         os.close(out)
 
+    def begin(self, runner: int, run_id: int, call: Call) -> None:
+        with self._lock:
+            self._received[runner] = run_id
+            early = self._early.pop(runner, None)
+            self._calls[run_id] = call
+        if early == run_id:
+            call.cancel()
+
+    def end(self, run_id: int) -> None:
+        with self._lock:
+            self._calls.pop(run_id, None)
+
+    def named(self, handle: int) -> tuple[int, Session]:
+        model_id = self._names.get(handle)
+        session = None if model_id is None else self._sessions.get(model_id)
+        if model_id is None or session is None:
+            raise UnknownModelError(f"model {handle} is not loaded")
+        return model_id, session
+
+    def _start_lane(self, header: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        """Serve a connection's lane here (`daemon.host.direct`), on a thread of its own."""
+        lane, gate_sock, segment, page = checked_lane(fds, int(header["size"]))
+        for handle, model_id in header.get("names", []):
+            self._names[int(handle)] = int(model_id)
+        DirectLane(lane, gate_sock, segment, page, self, int(header["runner"])).start()
+        return {}
+
     def _handle(self, op: Any, header: dict[str, Any], fds: list[int]) -> dict[str, Any]:
-        if op == "count":
-            names = header["sidecars"]
-            data = read_model_file(fds[0], header.get("limit", DEFAULT_MAX_MODEL_FILE_BYTES))
-            kept = [os.dup(fd) for fd in fds[1:]]  # read again when the model opens
-            try:
-                counted = self._driver.count_model(data, dict(zip(names, kept, strict=True)))
-            except BaseException:
-                _close(kept)
-                raise
-            self._counted[header["counted"]] = (counted, kept)
-            return {"counted": header["counted"], "weight_bytes": counted.weight_bytes}
-        if op == "open":
-            counted, kept = self._counted.pop(header["counted"])
-            try:
-                session = self._driver.open_counted(header["device"], counted, header["band"])
-            finally:
-                _close(kept)
-                give_back_memory()  # the file's bytes and the parsed model, before the limit falls
-            self._sessions[header["model"]] = session
-            return {
-                "weight_bytes": session.weight_bytes,
-                "target": session.target,
-                "inputs": [
-                    {"name": i.name, "shape": list(i.shape), "dtype": str(i.dtype)}
-                    for i in session.inputs
-                ],
-            }
-        if op == "band":
-            self._sessions[header["model"]].set_band(header["band"], header["bands"])
-            return {}
-        if op == "drop":
-            if header["model"] in self._counted:
-                _close(self._counted.pop(header["model"])[1])
-            if header["model"] in self._sessions:
-                self._sessions.pop(header["model"]).close()
-            give_back_memory()
-            return {}
-        if op == "cancel":
-            run_id, runner = header["run"], header["runner"]
-            with self._lock:
-                call = self._calls.get(run_id)
-                if call is None and run_id > self._received.get(runner, 0):
-                    self._early[runner] = run_id
-            if call is not None:
-                call.cancel()
-            return {}
-        raise NpuManagerError(f"unknown host op {op!r}")
+        handler = self._handlers.get(op) if type(op) is str else None
+        if handler is None:
+            raise NpuManagerError(f"unknown host op {op!r}")
+        return handler(header, fds)
+
+    def _count(self, header: dict[str, Any], fds: list[int]) -> dict[str, Any]:
+        names = header["sidecars"]
+        data = read_model_file(fds[0], header.get("limit", DEFAULT_MAX_MODEL_FILE_BYTES))
+        kept = [os.dup(fd) for fd in fds[1:]]  # read again when the model opens
+        try:
+            counted = self._driver.count_model(data, dict(zip(names, kept, strict=True)))
+        except BaseException:
+            _close(kept)
+            raise
+        self._counted[header["counted"]] = (counted, kept)
+        return {"counted": header["counted"], "weight_bytes": counted.weight_bytes}
+
+    def _open(self, header: dict[str, Any], _: list[int]) -> dict[str, Any]:
+        counted, kept = self._counted.pop(header["counted"])
+        try:
+            session = self._driver.open_counted(header["device"], counted, header["band"])
+        finally:
+            _close(kept)
+            give_back_memory()  # the file's bytes and the parsed model, before the limit falls
+        self._sessions[header["model"]] = session
+        return {
+            "weight_bytes": session.weight_bytes,
+            "target": session.target,
+            "inputs": [
+                {"name": i.name, "shape": list(i.shape), "dtype": str(i.dtype)}
+                for i in session.inputs
+            ],
+        }
+
+    def _name(self, header: dict[str, Any], _: list[int]) -> dict[str, Any]:
+        self._names[int(header["handle"])] = int(header["model"])
+        return {}
+
+    def _band(self, header: dict[str, Any], _: list[int]) -> dict[str, Any]:
+        self._sessions[header["model"]].set_band(header["band"], header["bands"])
+        return {}
+
+    def _drop(self, header: dict[str, Any], _: list[int]) -> dict[str, Any]:
+        model = header["model"]
+        if model in self._counted:
+            _close(self._counted.pop(model)[1])
+        if model in self._sessions:
+            self._sessions.pop(model).close()
+            for handle in [h for h, m in self._names.items() if m == model]:
+                del self._names[handle]
+        give_back_memory()
+        return {}
+
+    def _cancel(self, header: dict[str, Any], _: list[int]) -> dict[str, Any]:
+        run_id, runner = header["run"], header["runner"]
+        with self._lock:
+            call = self._calls.get(run_id)
+            if call is None and run_id > self._received.get(runner, 0):
+                self._early[runner] = run_id
+        if call is not None:
+            call.cancel()
+        return {}
 
     def _run(
         self, header: dict[str, Any], source: int | bytes | mmap.mmap, call: Call

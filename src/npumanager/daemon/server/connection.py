@@ -54,6 +54,9 @@ class LaneEnd(Protocol):
     def close(self) -> None:
         """Shut the lane: its thread finishes."""
 
+    def finished(self) -> bool:
+        """True once the lane's thread has ended (its far end closed)."""
+
 
 class HostEnd(Protocol):
     """A connection's model host (`daemon.host.client.ModelHost`), as the connection sees it."""

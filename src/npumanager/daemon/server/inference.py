@@ -12,6 +12,7 @@ held (at most `MAX_HELD_RESULTS` a connection) for a `fetch`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from collections.abc import Callable
@@ -26,9 +27,10 @@ from npumanager.core.client.dispatch import Task
 from npumanager.core.client.manager import LoadedModel
 from npumanager.core.driver.job import WorkMode
 from npumanager.core.service.service import Service
-from npumanager.daemon.host.client import InHost, ModelFile
+from npumanager.daemon.host.client import InHost, ModelFile, ModelHost
 from npumanager.daemon.server.calls import NO_REPLY, Calls, Handler, NoReply
 from npumanager.daemon.server.connection import Connection
+from npumanager.daemon.server.direct import Gate
 from npumanager.daemon.server.frames import call_error, clip
 from npumanager.daemon.server.hosting import Hosting
 from npumanager.daemon.server.lane import Lane, lane_socket
@@ -41,6 +43,7 @@ from npumanager.errors import (
     CapacityError,
     DaemonUnavailableError,
     IllegalArgumentError,
+    ModelHostError,
     NpuManagerError,
     QuotaExceededError,
     UnknownWorkError,
@@ -108,11 +111,21 @@ class InferenceCalls:
             os.close(fd)
 
     def on_open_lane(self, connection: Connection, _: p.OpenLane) -> None:
+        """Serve the client's lane in its model host when it has one (the data plane:
+        `daemon.server.direct`), else on a thread of the daemon's (`daemon.server.lane`).
+        A lane whose host went is replaced."""
         fd = connection.take_descriptor("open_lane")
-        if connection.lane is not None:
+        if connection.lane is not None and not connection.lane.finished():
             os.close(fd)
             raise IllegalArgumentError("this connection has a lane already")
-        lane = Lane(lane_socket(fd, connection), connection, self.service, self.calls, self.stats)
+        sock = lane_socket(fd, connection)
+        host = connection.host
+        lane: Lane | Gate
+        if isinstance(host, ModelHost) and host.dead is None and connection.segment:
+            with sock:  # the host has its own descriptor of it
+                lane = Gate(sock, connection, host, self.service, self.calls, self.stats)
+        else:
+            lane = Lane(sock, connection, self.service, self.calls, self.stats)
         connection.lane = lane
         lane.start()
         self.stats.lanes_opened += 1
@@ -178,6 +191,9 @@ class InferenceCalls:
                     message.sram_bytes,
                     sidecars=dict(zip(names, fds[1:], strict=True)),
                 )
+                if host is not None and host.last_opened is not None:
+                    with contextlib.suppress(ModelHostError):  # its death unloads the model
+                        host.name(outcome.handle, host.last_opened)  # before the client hears
             except Exception as exc:
                 outcome = exc
             finally:

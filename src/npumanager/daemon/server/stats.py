@@ -31,6 +31,12 @@ class DaemonStats:
         """Inferences handed to the driver's worker threads."""
         self.inferences_on_lane = 0
         """Inferences asked for on a connection's lane (`daemon.lane`), wherever they ran."""
+        self.inferences_direct = 0
+        """Runs granted to a model host that its client's lane sent it directly
+        (`daemon.server.direct`): the tensors never passed through the daemon."""
+        self.direct_runs = 0
+        """Runs the hosts said their direct grants covered (leases cover several; the
+        hosts' word, for `info` only)."""
         self.lanes_opened = 0
         self.loads_dropped = 0
         """Model loads never run: their client went while they waited (`daemon.loader`)."""

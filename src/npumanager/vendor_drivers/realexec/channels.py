@@ -21,6 +21,7 @@ import numpy as np
 from npumanager.checks import check_device, check_int
 from npumanager.core.driver.contract import DriverBase
 from npumanager.core.driver.events import EventKind, WorkEvent
+from npumanager.core.driver.job import DirectRun
 from npumanager.core.driver.scheduler import DeviceScheduler
 from npumanager.errors import (
     DriverClosedError,
@@ -260,7 +261,11 @@ class Channels(DriverBase):
         try:
             if session is None or feeds is None:
                 raise ExecutionError(f"work {work_id} ended before it ran")
-            outputs = session.run(feeds, call)
+            outputs = (
+                feeds.grant(session, call)
+                if isinstance(feeds, DirectRun)
+                else session.run(feeds, call)
+            )
         except Exception as exc:  # the runtime's failure or its stop
             # Only its text: the exception's traceback holds this frame, and with it the
             # inputs (a client's shared segment), until the cycle collector ran.

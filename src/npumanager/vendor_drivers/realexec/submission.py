@@ -21,7 +21,7 @@ import numpy as np
 
 from npumanager.checks import check_int, group_bytes
 from npumanager.core.driver.events import NO_REASON
-from npumanager.core.driver.job import Job, WorkMode
+from npumanager.core.driver.job import DirectRun, Job, WorkMode
 from npumanager.errors import IllegalArgumentError, UnknownModelError
 from npumanager.schemas.limits import (
     INT32_MAX,
@@ -37,7 +37,7 @@ from npumanager.vendor_drivers.realexec.channels import (
     Channels,
     ExecutionError,
 )
-from npumanager.vendor_drivers.realexec.session import check_feeds
+from npumanager.vendor_drivers.realexec.session import InputSpec, check_feeds
 from npumanager.vendor_drivers.realexec.work import (
     SyncOutcome,
     Work,
@@ -77,7 +77,7 @@ class Submission(Channels):
         self,
         model: int,
         job: Job,
-        inputs: Mapping[str, Any] | None,
+        inputs: Mapping[str, Any] | DirectRun | None,
         mode: WorkMode = WorkMode.QUEUED,
         *,
         cost_cycles: int | None = None,
@@ -115,8 +115,8 @@ class Submission(Channels):
                     "inputs= is required: "
                     + ", ".join(spec.describe() for spec in entry.session.inputs)
                 )
-            feeds = check_feeds(entry.session.inputs, inputs)
             work_id, device = self._next_work, entry.device
+            feeds = _feeds(entry.session.inputs, inputs, work_id)
             self._next_work += 1
             priority, allowed = self._priority_and_permission(uid, original, job_priority)
             future: WorkFuture | SyncOutcome = (
@@ -255,6 +255,17 @@ class Submission(Channels):
             raise TimeoutError(f"work {future.work_id} did not end within {timeout} s")
         # stopped to make room (restart preemption): it waits its turn, within the time left
         return _waited(future, max(0.0, deadline - time.monotonic()))
+
+
+def _feeds(
+    specs: tuple[InputSpec, ...], inputs: Mapping[str, Any] | DirectRun, work_id: int
+) -> dict[str, np.ndarray] | DirectRun:
+    """The work's feeds: `inputs` checked against the model's, or a `DirectRun` as it is
+    (its host checks and reads the inputs itself), told its work id."""
+    if isinstance(inputs, DirectRun):
+        inputs.work_id = work_id
+        return inputs
+    return check_feeds(specs, inputs)
 
 
 def _checked(job: Job) -> tuple[int, int, int, bytes | None, int]:

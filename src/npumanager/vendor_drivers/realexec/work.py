@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from npumanager.core.driver.job import DirectRun
 from npumanager.core.driver.scheduler import ScheduledJob
 from npumanager.schemas import SchedulingConfig
 from npumanager.schemas.limits import REAL_UNKNOWN_CONFIGS_KEPT, UNKNOWN_UID_PRIORITY
@@ -204,7 +205,7 @@ class Work(ScheduledJob):
     group_id: bytes | None
     feature_id: str | None
     debug_pid: int
-    feeds: dict[str, np.ndarray] | None
+    feeds: dict[str, np.ndarray] | DirectRun | None
     future: WorkFuture | SyncOutcome
     head: tuple[Any, ...] = field(init=False, repr=False)
     """What its events say of it besides kind, reason, priority and time: (id, group_id,
