@@ -108,8 +108,9 @@ def render_apps(apps: list[dict[str, Any]]) -> str:
                 app["importance_source"],
                 ",".join(map(str, app["pids"])),
                 app["cgroup"] or "-",
+                app.get("host_ended") or "-",
             ]
             for app in apps
         ],
-        ["APP ID", "UID", "HAL UID", "IMPORTANCE", "SOURCE", "PIDS", "CGROUP"],
+        ["APP ID", "UID", "HAL UID", "IMPORTANCE", "SOURCE", "PIDS", "CGROUP", "LAST HOST END"],
     )

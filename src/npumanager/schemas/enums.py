@@ -72,6 +72,11 @@ class UnloadReason(IntEnum):
     POLICY_CHANGE = 3
     TURN_TAKING = 4
     CLIENT_UNRESPONSIVE = 5
+    MODEL_HOST_ENDED = 6
+    """The model's host died (a crash, its memory limit): the daemon took the model back."""
+    OVER_GRANT = 7
+    """The model's host used more CPU time than the daemon granted it, as the kernel counts
+    it, and was killed."""
 
 
 class Importance(IntEnum):

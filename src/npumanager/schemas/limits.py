@@ -188,10 +188,19 @@ DEFAULT_LANE_SPIN_US: Final = 200
 """How long a client polls its lane for a reply before it sleeps in ``recv``, while the lane's
 replies have been coming within that (``connect(lane_spin_us=...)``; 0: never poll)."""
 MAX_LANE_SPIN_US: Final = 10_000
-DEFAULT_LEASE_US: Final = 0
+DEFAULT_LEASE_US: Final = 2000
 """How long a model host's grant leases its channel for further runs of the same model and
 priority without asking the daemon (``serve --lease-us``; 0: it asks before every run)."""
 MAX_LEASE_US: Final = 100_000
+AUDIT_PERIOD_S: Final = 0.5
+"""How often the daemon reads each model host's CPU time from the kernel and holds it to
+the host's grants (`daemon.server.audit`)."""
+AUDIT_ALLOWANCE: Final = 0.1
+"""The share of one CPU a model host may use outside its grants (its own upkeep)."""
+AUDIT_STRIKES: Final = 3
+"""Periods over its grants (less one for each within them) after which a host is killed."""
+THROTTLE_S: Final = 0.5
+"""How long a model host over its grants is stopped (SIGSTOP) before it may go on."""
 LEASE_OVERRUN_S: Final = 0.1
 """How long past its deadline a lease may go before the daemon takes it back and frees its
 channel (the run it started last may still be ending)."""

@@ -23,7 +23,7 @@ from npumanager.core.driver.job import DirectRun, WorkMode
 from npumanager.core.service.requests import RequestRecord
 from npumanager.core.service.state import ServiceState
 from npumanager.errors import FeatureNotDeclaredError, FeatureWarning, NpuPermissionError
-from npumanager.schemas import ModelLoadRequest, ModelPolicy
+from npumanager.schemas import ModelLoadRequest, ModelPolicy, UnloadReason
 
 
 class LocalBackend:
@@ -147,9 +147,10 @@ class LocalBackend:
 
         return self._state.load_real_model(manager, request, open_model)
 
-    def unload_real_model(self, model: LoadedModel) -> None:
-        """Take back a model just loaded that its client may not keep (a daemon quota)."""
-        self._state.unload_real_model(model)
+    def unload_real_model(self, model: LoadedModel, reason: UnloadReason | None = None) -> None:
+        """Take back a model just loaded that its client may not keep (a daemon quota), or,
+        with `reason`, one whose host went (a REVOKED event says why)."""
+        self._state.unload_real_model(model, reason)
 
     def shared_array(self, shape: tuple[int, ...], dtype: Any) -> Any:
         """A new array for inputs: in process, plain memory (``numpy.empty``)."""

@@ -30,7 +30,7 @@ from npumanager.errors import (
     RequestStateError,
     UnknownRequestError,
 )
-from npumanager.schemas import ModelLoadRequest
+from npumanager.schemas import ModelLoadRequest, UnloadReason
 from npumanager.telemetry import ModelLoadState, SinkHandle, SinkStats
 
 _LOADABLE = frozenset({RequestState.GRANTED, RequestState.LOADED})
@@ -298,14 +298,19 @@ class ServiceState(Carrying):
             self._driver.unload_model(handle)
             raise
 
-    def unload_real_model(self, model: LoadedModel) -> None:
-        """Take back a model just loaded that its client may not keep (a daemon quota)."""
+    def unload_real_model(self, model: LoadedModel, reason: UnloadReason | None = None) -> None:
+        """Take back a model just loaded that its client may not keep (a daemon quota), or,
+        with `reason`, one whose host went (a REVOKED event says why)."""
         with self._lock:
             record = self._records.get(model.request_key)
             if record is not None and model in record.models:
                 self._records.drop_models(record, model)
                 self._driver.unload_model(model.handle)
                 self._telemetry.health_changed()
+                if reason is not None:
+                    self._telemetry.revoked(
+                        record.manager.uid, model.request_key, record.request, reason, model.device
+                    )
 
     def _keep(self, record: RequestRecord, handle: int, device: int, weight: int) -> LoadedModel:
         """Record a model just loaded under a request (lock held)."""

@@ -19,7 +19,7 @@ from npumanager.core.driver.events import WorkEvent
 from npumanager.core.plugins.health import HealthBoard
 from npumanager.core.plugins.registry import PluginRegistry
 from npumanager.errors import IllegalArgumentError
-from npumanager.schemas import ModelLoadRequest, ThermalSeverity
+from npumanager.schemas import ModelLoadRequest, ThermalSeverity, UnloadReason
 from npumanager.schemas.device import DeviceStatus
 from npumanager.schemas.limits import HEALTH_SAMPLE_INTERVAL_MS, SINK_CLOSE_TIMEOUT_S
 from npumanager.telemetry import ModelLoadState, SinkHandle, SinkStats, TelemetryHub
@@ -106,6 +106,21 @@ class TelemetryBridge:
         """A client reported its model loaded or unloaded."""
         if self.hub:
             event = state_changed(uid, key, request, state, device, self.now_us())
+            self.hub.publish((event,))
+
+    def revoked(
+        self,
+        uid: int,
+        key: RequestKey,
+        request: ModelLoadRequest,
+        reason: UnloadReason,
+        device: int | None,
+    ) -> None:
+        """The service took a model back itself, for `reason`."""
+        if self.hub:
+            event = state_changed(
+                uid, key, request, ModelLoadState.REVOKED, device, self.now_us(), int(reason)
+            )
             self.hub.publish((event,))
 
     def action(self, uid: int, action: RequestAction, device: int | None) -> None:

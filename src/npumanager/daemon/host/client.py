@@ -134,6 +134,8 @@ class ModelHost:
         self._loading = 0
         self.cgroup: HostCgroup | None = None
         self._oom_killed = False
+        self._condemned: str | None = None
+        """Why the daemon killed the host, when it did so for a fault of the host's own."""
         self._gone = threading.Event()
         """Set once the reader has said why the host ended (`dead`)."""
         self._idle_runners: dict[bool, list[Runner]] = {False: [], True: []}
@@ -145,6 +147,17 @@ class ModelHost:
         """The host's model id of each of the connection's model handles (for its lanes)."""
         self.last_opened: int | None = None
         """The model id of the last model opened (loads run one at a time)."""
+        self._start()
+        ready = self._first_message()
+        self.page = GrantPage()
+        """Its leases' generation (`daemon.host.direct`), written by the daemon only."""
+        self.confined = ready.get("confined", {})
+        self._reader = threading.Thread(target=self._read, name=f"npu-host-{self.pid}", daemon=True)
+        self._reader.start()
+
+    def _start(self) -> None:
+        """Start the host process on a socketpair, in its memory cgroup when there is one."""
+        settings = self.settings
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
         spec = {
@@ -176,12 +189,6 @@ class ModelHost:
                 raise ModelHostError(
                     f"the model host could not be given its memory limit: {exc}"
                 ) from None
-        ready = self._first_message()
-        self.page = GrantPage()
-        """Its leases' generation (`daemon.host.direct`), written by the daemon only."""
-        self.confined = ready.get("confined", {})
-        self._reader = threading.Thread(target=self._read, name=f"npu-host-{self.pid}", daemon=True)
-        self._reader.start()
 
     def _first_message(self) -> dict[str, Any]:
         self._sock.settimeout(self.settings.start_s)
@@ -217,6 +224,7 @@ class ModelHost:
             if self.dead is not None:
                 raise ModelHostError(f"the model host {self.dead}")
             self._waiting[request_id] = waiting
+        self.grants.opened()  # parsing and opening a model is work the daemon asked for
         self.tell(op, fds, payload, id=request_id, **fields)
         try:
             limit = self.settings.answer_s if timeout is not None and timeout < 0 else timeout
@@ -227,6 +235,8 @@ class ModelHost:
                 f"the model host did not answer {op} within {self.settings.answer_s} s; "
                 "it was killed"
             ) from None
+        finally:
+            self.grants.closed()
         if answer is None:
             # A fresh error: one stored in the future would keep, through its traceback,
             # every frame it passed (a lane's holds a client's segment) in a cycle.
@@ -311,10 +321,11 @@ class ModelHost:
         return runner
 
     def open_lane(
-        self, lane: socket.socket, segment_fd: int, segment_size: int
+        self, lane: socket.socket, segment_fd: int, segment_size: int, tally_fd: int
     ) -> tuple[socket.socket, int]:
         """Have the host serve a client's lane (`daemon.host.direct`) over the segment
-        `segment_fd`: the daemon's end of the lane's gate, and the lane's runner index."""
+        `segment_fd`, counting its runs in the page `tally_fd`: the daemon's end of the
+        lane's gate, and the lane's runner index."""
         with self._lock:
             if self.dead is not None:
                 raise ModelHostError(f"the model host {self.dead}")
@@ -323,7 +334,7 @@ class ModelHost:
             names = sorted(self.names.items())
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
-            fds = [lane.fileno(), theirs.fileno(), segment_fd, self.page.read_only]
+            fds = [lane.fileno(), theirs.fileno(), segment_fd, self.page.read_only, tally_fd]
             self.tell("lane", fds, runner=index, size=segment_size, names=names)
         return ours, index
 
@@ -459,6 +470,8 @@ class ModelHost:
                 "used more memory than its grants allow "
                 f"({host_limit(self._held, self._loading) >> 20} MiB) and was killed"
             )
+        if self._condemned is not None:
+            reason = self._condemned
         why = "was stopped" if self._killed else f"{reason} ({status})"
         with self._lock:
             self.dead = why
@@ -489,6 +502,29 @@ class ModelHost:
         if code < 0:
             return f"killed by {signal.Signals(-code).name}"
         return f"exit status {code}"
+
+    @property
+    def condemned(self) -> bool:
+        """True if the daemon killed the host for a fault of its own (`condemn`)."""
+        return self._condemned is not None
+
+    def condemn(self, why: str) -> None:
+        """Kill the host for `why` (its death is told as any host's that died by itself)."""
+        self._condemned = why
+        with contextlib.suppress(ProcessLookupError):
+            self._process.send_signal(signal.SIGCONT)  # a stopped host would not die
+        with contextlib.suppress(ProcessLookupError):
+            self._process.kill()
+
+    def pause(self) -> None:
+        """Stop the host (SIGSTOP) until `resume`: it runs nothing meanwhile."""
+        with contextlib.suppress(ProcessLookupError):
+            self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a stopped host go on (SIGCONT)."""
+        with contextlib.suppress(ProcessLookupError):
+            self._process.send_signal(signal.SIGCONT)
 
     def kill(self) -> None:
         """End the host now (SIGKILL): its loads and runs stop, its memory goes back."""

@@ -61,7 +61,6 @@ class Lease:
     generation: int
     background: bool
     runs: int = 1
-    repeated: int = 0
 
 
 class Runs:
@@ -89,14 +88,14 @@ class DirectLane(LaneServer):
         sock: socket.socket,
         gate_sock: socket.socket,
         segment: Segment,
-        page: mmap.mmap,
+        pages: tuple[mmap.mmap, mmap.mmap],
         runs: Runs,
         index: int,
     ) -> None:
         super().__init__(sock, f"npu-host-lane-{index}")
         self._gate = gate_sock
         self._segment = segment
-        self._page = page
+        self._page, self._tally = pages
         self._runs = runs
         self._index = index
         self._seq = 0
@@ -108,14 +107,17 @@ class DirectLane(LaneServer):
         self._checked_feeds: tuple[dict[str, np.ndarray], Session, dict[str, np.ndarray]] | None
         self._checked_feeds = None
         """The last request's feeds, the session they were checked for, and as checked."""
-        self._repeated = 0
-        """1 while the request being answered is byte for byte the lane's last one."""
 
     def segment(self) -> Segment:
         return self._segment
 
     def repeated(self) -> None:
-        self._repeated = 1
+        self._count(repeated=1)
+
+    def _count(self, runs: int = 0, repeated: int = 0) -> None:
+        """Add to the lane's tally (`daemon.wire.gate.TALLY`): what `info` shows of it."""
+        before = gate.TALLY.unpack_from(self._tally)
+        gate.TALLY.pack_into(self._tally, 0, before[0] + runs, before[1] + repeated)
 
     def infer(self, request: Request, feeds: dict[str, np.ndarray]) -> Ran | bytes:
         model_id, session = self._runs.named(request.model)
@@ -133,7 +135,6 @@ class DirectLane(LaneServer):
                 ran = self._run(session, feeds, lease.seq, lease.background)
                 if not isinstance(ran, BaseException):
                     lease.runs += 1
-                    lease.repeated += self._repeated
                     return Ran(lease.work_id, ran)
                 self._taken()
                 self._tell(Op.DONE, lease.seq, Done.FAILED, runs=lease.runs, text=str(ran))
@@ -144,7 +145,6 @@ class DirectLane(LaneServer):
         return self._answered(self._seq, model_id, session, feeds, key)
 
     def replied(self) -> None:
-        self._repeated = 0
         done, self._done = self._done, None
         if done is not None:
             self._send(done)
@@ -156,7 +156,7 @@ class DirectLane(LaneServer):
         """End the lease held (`DONE` with the runs it covered)."""
         lease = self._taken()
         if lease is not None:
-            self._tell(Op.DONE, lease.seq, Done.COMPLETED, runs=lease.runs, work_id=lease.repeated)
+            self._tell(Op.DONE, lease.seq, Done.COMPLETED, runs=lease.runs)
 
     def _taken(self) -> Lease | None:
         """The lease held, no longer held: the lane's receive waits for ever again."""
@@ -215,12 +215,9 @@ class DirectLane(LaneServer):
                     frame.lease_until_ns,
                     frame.lease_generation,
                     background,
-                    repeated=self._repeated,
                 )
             else:
-                self._done = gate.encode(
-                    Op.DONE, seq, status=Done.COMPLETED, model=1, work_id=self._repeated
-                )
+                self._done = gate.encode(Op.DONE, seq, status=Done.COMPLETED, model=1)
             return Ran(frame.work_id, ran)
 
     def _run(
@@ -229,6 +226,7 @@ class DirectLane(LaneServer):
         """One inference (on a niced thread for the background): its outputs, or what it
         raised (the daemon's cancel included)."""
         call = Call(background)
+        self._count(runs=1)
         self._runs.begin(self._index, seq, call)
         try:
             if background:
@@ -284,24 +282,25 @@ def _lowered() -> None:
 
 def checked_lane(
     fds: list[int], size: int
-) -> tuple[socket.socket, socket.socket, Segment, mmap.mmap]:
-    """The lane, gate, segment (mapped read-write, `size` bytes) and grant page (read-only)
-    from the four descriptors of a `lane` request (each taken: closed on failure)."""
-    if len(fds) != 4:
-        raise IllegalArgumentError(f"a lane comes with 4 descriptors, not {len(fds)}")
+) -> tuple[socket.socket, socket.socket, Segment, tuple[mmap.mmap, mmap.mmap]]:
+    """The lane, gate, segment (mapped read-write, `size` bytes), grant page (read-only) and
+    tally page from the five descriptors of a `lane` request (each taken: closed on failure)."""
+    if len(fds) != 5:
+        raise IllegalArgumentError(f"a lane comes with 5 descriptors, not {len(fds)}")
     taken, fds[:] = list(fds), []
-    lane_fd, gate_fd, segment_fd, page_fd = taken
+    lane_fd, gate_fd, segment_fd, page_fd, tally_fd = taken
     try:
         memory = mmap.mmap(segment_fd, size, flags=mmap.MAP_SHARED)
         page = mmap.mmap(page_fd, gate.PAGE_BYTES, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        tally = mmap.mmap(tally_fd, gate.PAGE_BYTES, flags=mmap.MAP_SHARED)
         lane, gate_sock = socket.socket(fileno=lane_fd), socket.socket(fileno=gate_fd)
     except BaseException:
         for fd in taken:
             with contextlib.suppress(OSError):
                 os.close(fd)
         raise
-    os.close(segment_fd)
-    os.close(page_fd)
+    for fd in (segment_fd, page_fd, tally_fd):
+        os.close(fd)
     lane.setblocking(True)
     gate_sock.setblocking(True)
-    return lane, gate_sock, Segment(memory, size), page
+    return lane, gate_sock, Segment(memory, size), (page, tally)

@@ -168,10 +168,10 @@ class Host(Runs):
 
     def _start_lane(self, header: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         """Serve a connection's lane here (`daemon.host.direct`), on a thread of its own."""
-        lane, gate_sock, segment, page = checked_lane(fds, int(header["size"]))
+        lane, gate_sock, segment, pages = checked_lane(fds, int(header["size"]))
         for handle, model_id in header.get("names", []):
             self._names[int(handle)] = int(model_id)
-        DirectLane(lane, gate_sock, segment, page, self, int(header["runner"])).start()
+        DirectLane(lane, gate_sock, segment, pages, self, int(header["runner"])).start()
         return {}
 
     def _handle(self, op: Any, header: dict[str, Any], fds: list[int]) -> dict[str, Any]:

@@ -18,6 +18,8 @@ kernel (`daemon.server.audit`), never by its word.
 from __future__ import annotations
 
 import contextlib
+import mmap
+import os
 import socket
 import threading
 import time
@@ -47,10 +49,6 @@ if TYPE_CHECKING:
     from npumanager.daemon.server.calls import Calls
     from npumanager.daemon.server.connection import Connection
 
-MAX_RUNS_COUNTED = 1 << 20
-"""The most runs one `DONE` is taken to say it covered (the count is the host's word, shown
-in `info` only)."""
-
 
 class Gate(Served):
     """One connection's lane in its host, as the connection sees it (`cancel`, `close`),
@@ -68,7 +66,15 @@ class Gate(Served):
         segment = connection.segment
         if segment is None:
             raise IllegalArgumentError("a lane needs the connection's shared segment first")
-        sock, self._index = host.open_lane(lane, segment.shared.fd, segment.size)
+        tally_fd = os.memfd_create("npu-lane-tally", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(tally_fd, gate.PAGE_BYTES)
+            self._tally = mmap.mmap(tally_fd, gate.PAGE_BYTES, flags=mmap.MAP_SHARED)
+            sock, self._index = host.open_lane(lane, segment.shared.fd, segment.size, tally_fd)
+        finally:
+            os.close(tally_fd)
+        self._counted = (0, 0)
+        """The tally as last read: a host's count only ever grows here."""
         super().__init__(sock, f"npu-gate-{connection.peer.uid}")
         self._connection = weakref.ref(connection)
         self._uid = connection.peer.uid
@@ -82,10 +88,20 @@ class Gate(Served):
         self._granted = False
         """True while a thread that runs a grant reads the gate (for the host's `DONE`)."""
         self._buffer = bytearray(gate.MAX_GATE_FRAME_BYTES)
+        stats.tallied(self)
 
     def cancel(self) -> bool:
         """Cancel the run the lane's host asked for: False if none is live."""
         return self._running.cancel()
+
+    def tally(self) -> dict[str, int]:
+        """What the lane's host says it ran (`daemon.wire.gate.TALLY`), never less than it
+        said before and at most one repeated frame a run: for `info` only."""
+        runs, repeated = gate.TALLY.unpack_from(self._tally)
+        runs = max(self._counted[0], runs)
+        repeated = max(self._counted[1], min(repeated, runs))
+        self._counted = (runs, repeated)
+        return {"inferences_on_lane": runs, "direct_runs": runs, "lane_frames_repeated": repeated}
 
     # The gate's thread ------------------------------------------------------------------
 
@@ -112,6 +128,7 @@ class Gate(Served):
             INTERNAL.internal_error("a gate of uid %d raised", self._uid, exc=exc)
         finally:
             self._sock.close()
+            self._stats.retire(self)
 
     def _ask(self, frame: gate.Frame) -> None:
         """Submit the run the host asks for, and wait until it ends; tell the host how it
@@ -138,8 +155,11 @@ class Gate(Served):
             self._end(seq, Status.REFUSED, 0, error.kind, error.message)
             return
         stats = self._stats
-        stats.inferences_on_lane += 1
         stats.inferences_direct += 1
+        if work.inline is not None:
+            stats.inferences_inline += 1
+        else:
+            stats.inferences_to_workers += 1
         self._running.now(model, work.work_id)
         ended: tuple[Status, str, str] | None = None
         try:
@@ -210,10 +230,6 @@ class Gate(Served):
                 )
             if frame.seq != seq:
                 continue
-            runs = min(max(frame.model, 0), MAX_RUNS_COUNTED)
-            self._stats.direct_runs += runs
-            self._stats.inferences_on_lane += max(0, runs - 1)  # a lease's later runs
-            self._stats.lane_frames_repeated += min(max(frame.work_id, 0), runs)
             if frame.status == Done.COMPLETED:
                 return []
             raise ExecutionError(frame.text or "the run failed")

@@ -53,7 +53,12 @@ def describe_daemon(
         "model_hosts": None if hosting is None else hosting.describe(),
         **daemon.stats.as_dict(),
     }
-    document["apps"] = [daemon.importance.describe(app) for app in daemon.apps.apps() if app.pids]
+    ended = {} if hosting is None else hosting.ended
+    document["apps"] = [
+        {**daemon.importance.describe(app), "host_ended": ended.get(app.app_id)}
+        for app in daemon.apps.apps()
+        if app.pids
+    ]
     document["device_users"] = daemon.device_users.describe()
     document["clients"] = [
         {

@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from npumanager.core.client.dispatch import Task
 from npumanager.core.service.service import Service
 from npumanager.daemon.host.client import HostSettings, ModelHost
+from npumanager.daemon.server.audit import HostAudit
 from npumanager.daemon.server.connection import Connection
 from npumanager.errors import DaemonUnavailableError
+from npumanager.schemas import UnloadReason
+
+ENDED_KEPT = 1024
+"""How many apps' last host ends `Hosting.ended` keeps."""
 
 
 class Hosting:
@@ -28,6 +34,10 @@ class Hosting:
         self._lock = threading.Lock()
         self.started = 0
         self.died = 0
+        self.audit = HostAudit()
+        """Holds every host's CPU time, as the kernel counts it, to its grants."""
+        self.ended: OrderedDict[str, str] = OrderedDict()
+        """Why each app's last host ended by itself, by app id (the latest `ENDED_KEPT`)."""
 
     def host_for(self, connection: Connection) -> ModelHost:
         """The connection's live host, started now if it has none (on the loader: a start
@@ -49,6 +59,7 @@ class Hosting:
                 raise DaemonUnavailableError("the connection closed while its host started")
             connection.host = started
             self.started += 1
+        self.audit.watch(started)
         return started
 
     def describe(self) -> dict[str, Any]:
@@ -62,6 +73,7 @@ class Hosting:
             "memory_limit": None if cgroups is None else cgroups.kind,
             "runs_in_place": self.settings.counts.in_place,
             "runs_copied": self.settings.counts.copied,
+            "audit": self.audit.describe(),
         }
 
     def _died(self, ref: weakref.ref[Connection], host: ModelHost, why: str) -> None:
@@ -73,7 +85,17 @@ class Hosting:
         with self._lock:
             if connection.host is host:
                 connection.host = None
+        if connection.app is not None:
+            self.ended[connection.app.app_id] = why
+            self.ended.move_to_end(connection.app.app_id)
+            while len(self.ended) > ENDED_KEPT:
+                self.ended.popitem(last=False)
+        reason = UnloadReason.OVER_GRANT if host.condemned else UnloadReason.MODEL_HOST_ENDED
         for model in list(connection.hosted):
             connection.lost[model.handle] = why
-            self._backend.unload_real_model(model)
+            self._backend.unload_real_model(model, reason)
         connection.hosted.clear()
+
+    def stop(self) -> None:
+        """End the audit's thread (the daemon is stopping)."""
+        self.audit.stop()

@@ -274,6 +274,8 @@ class InferenceCalls:
         """Stop the loader: none queued starts, and one in progress is not waited for.
         Returns how many queued loads were dropped and whether one was in progress."""
         self._stopping = True
+        if self.hosting is not None:
+            self.hosting.stop()
         return self._loader.close()
 
     def on_infer(self, connection: Connection, message: p.Infer) -> dict[str, Any] | NoReply:

@@ -5,8 +5,8 @@ ended. Fixed-layout binary, one SOCK_SEQPACKET message each, little-endian.
 Every frame is `FRAME` (op, status, the length of its text, model, seq, work id, lease
 deadline, lease generation) followed by its text as UTF-8. The host sends `ASK` (the
 connection's model handle, its own seq, the job priority in the work id's place) and
-`DONE` (the seq, a `Done` status, how many runs the grant covered in the model's place, how
-many of their frames were the lane's last one again in the work id's, a failure's message).
+`DONE` (the seq, a `Done` status, how many runs the grant covered in the model's place, a
+failure's message).
 The daemon answers an `ASK` with `GO` (the host's own model id, the seq, the work id, and
 the lease: until when, monotonic ns, and under which generation of the host's grant page
 the host may start further runs of the same model and priority without asking; 0 for one
@@ -32,6 +32,9 @@ PAGE = struct.Struct("<q")
 """A host's grant page: the generation its leases are valid under (the daemon bumps it to
 take every lease back); only the daemon writes it, the host maps it read-only."""
 PAGE_BYTES = 4096
+TALLY = struct.Struct("<qq")
+"""A lane's tally page, written by its host: the runs asked for on it, and how many of
+their frames were the lane's last one again (the host's word, for `info` only)."""
 
 
 class Op(IntEnum):
