@@ -192,10 +192,13 @@ DEFAULT_LEASE_US: Final = 2000
 """How long a model host's grant leases its channel for further runs of the same model and
 priority without asking the daemon (``serve --lease-us``; 0: it asks before every run)."""
 MAX_LEASE_US: Final = 100_000
+LEASE_IDLE_US: Final = 200
+"""How long a model host holding a lease waits for its client's next request before it
+gives the lease back, so that an idle lease does not keep the device from others."""
 AUDIT_PERIOD_S: Final = 0.5
 """How often the daemon reads each model host's CPU time from the kernel and holds it to
 the host's grants (`daemon.server.audit`)."""
-AUDIT_ALLOWANCE: Final = 0.1
+AUDIT_ALLOWANCE: Final = 0.25
 """The share of one CPU a model host may use outside its grants (its own upkeep)."""
 AUDIT_STRIKES: Final = 3
 """Periods over its grants (less one for each within them) after which a host is killed."""

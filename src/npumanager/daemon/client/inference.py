@@ -161,6 +161,7 @@ class RemoteInference:
     def lane(self) -> ClientLane | None:
         """The connection's lane, taken for one run: opened on first use; None when the
         daemon refused one, it closed, or another thread has it."""
+        self.segment()  # a lane's frames name places in it: the daemon (or a host) maps it first
         with self._lock:
             if self._lane is not None and not self._lane.open:
                 self._lane = None  # its far end went (a model host's death): a new one

@@ -46,7 +46,7 @@ from npumanager.errors import (
     ModelHostError,
     NpuManagerError,
 )
-from npumanager.schemas.limits import DEFAULT_LEASE_US
+from npumanager.schemas.limits import DEFAULT_LEASE_US, LEASE_IDLE_US
 from npumanager.vendor_drivers.realexec.session import Call, Counted, InHost, InputSpec
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,9 @@ class HostSettings:
     """Every host of the daemon counts its runs here (shown in `info`)."""
     lease_us: int = DEFAULT_LEASE_US
     """How long a direct run's grant leases its channel (`daemon.server.direct`)."""
+    lease_idle_us: int = LEASE_IDLE_US
+    """How long a host holding a lease waits for its client's next request before it gives
+    the lease back."""
     command: tuple[str, ...] = (sys.executable, "-m", "npumanager.daemon.host")
     """How a host is started (its settings follow as JSON): a test may start another."""
 
@@ -335,7 +338,8 @@ class ModelHost:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             fds = [lane.fileno(), theirs.fileno(), segment_fd, self.page.read_only, tally_fd]
-            self.tell("lane", fds, runner=index, size=segment_size, names=names)
+            idle = self.settings.lease_idle_us
+            self.tell("lane", fds, runner=index, size=segment_size, names=names, idle_us=idle)
         return ours, index
 
     def name(self, handle: int, model_id: int) -> None:

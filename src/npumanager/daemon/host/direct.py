@@ -8,8 +8,8 @@ refused, cancelled, failed before it ran), and `DONE` once the run is over. A `G
 carry a lease: until its deadline, and while the host's grant page (written by the daemon
 only, mapped read-only here) holds the lease's generation, further runs of the same model
 and priority start without asking; the host ends a lease with `DONE` when one of those no
-longer holds, when another model or priority comes, or when no request has come for
-`LEASE_IDLE_S` after a run.
+longer holds, when another model or priority comes, or when no request has come for a
+while after a run (`HostSettings.lease_idle_us`).
 
 Nothing here is believed by the daemon for scheduling or accounting: it counts the host's
 time from the kernel (`daemon.server.audit`). The host checks the client's inputs against
@@ -39,9 +39,6 @@ from npumanager.errors import IllegalArgumentError, ModelHostError
 from npumanager.vendor_drivers.realexec.osprio import lower_thread_priority
 from npumanager.vendor_drivers.realexec.session import Call, Session, check_feeds
 
-LEASE_IDLE_S = 0.0002
-"""How long a host holding a lease waits for its client's next request before it gives
-the lease back (`DONE`), so an idle lease does not keep the device from others."""
 BACKGROUND_NICE = 10
 """How much lower a background inference's thread runs (`nice` steps), as the driver's own
 background workers do."""
@@ -91,8 +88,10 @@ class DirectLane(LaneServer):
         pages: tuple[mmap.mmap, mmap.mmap],
         runs: Runs,
         index: int,
+        idle_s: float,
     ) -> None:
         super().__init__(sock, f"npu-host-lane-{index}")
+        self._idle_s = idle_s
         self._gate = gate_sock
         self._segment = segment
         self._page, self._tally = pages
@@ -206,7 +205,7 @@ class DirectLane(LaneServer):
                 self._tell(Op.DONE, seq, Done.FAILED, text=str(ran) or type(ran).__name__)
                 continue
             if frame.lease_until_ns:
-                self._idle_after(LEASE_IDLE_S)
+                self._idle_after(self._idle_s)
                 self._lease = Lease(
                     key,
                     seq,

@@ -171,7 +171,8 @@ class Host(Runs):
         lane, gate_sock, segment, pages = checked_lane(fds, int(header["size"]))
         for handle, model_id in header.get("names", []):
             self._names[int(handle)] = int(model_id)
-        DirectLane(lane, gate_sock, segment, pages, self, int(header["runner"])).start()
+        index, idle_s = int(header["runner"]), int(header["idle_us"]) / 1e6
+        DirectLane(lane, gate_sock, segment, pages, self, index, idle_s).start()
         return {}
 
     def _handle(self, op: Any, header: dict[str, Any], fds: list[int]) -> dict[str, Any]:

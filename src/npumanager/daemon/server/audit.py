@@ -82,6 +82,8 @@ class HostAudit:
         self._stopping = False
         self.throttled = 0
         self.killed = 0
+        self.periods = 0
+        """How many periods the thread has audited (the hosts watched then)."""
         self._thread: threading.Thread | None = None
 
     def watch(self, host: ModelHost) -> None:
@@ -104,7 +106,12 @@ class HostAudit:
 
     def describe(self) -> dict[str, object]:
         """For `info`: the period, and how many hosts were throttled and killed."""
-        return {"period_s": self.period_s, "throttled": self.throttled, "killed": self.killed}
+        return {
+            "period_s": self.period_s,
+            "periods": self.periods,
+            "throttled": self.throttled,
+            "killed": self.killed,
+        }
 
     def _run(self) -> None:
         while not self._stopping:
@@ -118,6 +125,7 @@ class HostAudit:
                     self.check(entry)
                 except Exception:  # one host's reading must not end the audit of the rest
                     log.exception("auditing model host %d failed", entry.host.pid)
+            self.periods += 1
 
     def check(self, entry: Watched) -> None:
         """One period's reading of one host: within its grants, throttled, or killed."""

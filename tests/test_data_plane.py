@@ -1,0 +1,353 @@
+"""The data plane out of the daemon (`daemon.server.direct`, `daemon.host.direct`): a
+client's lane goes to its model host, which asks the daemon's scheduler on a gate before
+it runs, may lease the channel, and is held to its grants by what the kernel counts
+(`daemon.server.audit`), never by its word.
+
+Real daemons on a thread of this process (so a test can see their hosts and counters),
+real model hosts, real runs of onnxruntime; every wait is for an event, with a generous
+bound that only ends a hang.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import CancelledError
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import npumanager as npu
+from helpers.daemon_support import WAIT_S, Daemons
+from helpers.real_daemon import endless_model, wait_for
+from npumanager.core.driver.events import EventKind, WorkEvent
+from npumanager.daemon.host.grants import GrantPage, Grants
+from npumanager.daemon.wire import gate
+from npumanager.errors import IllegalArgumentError
+from npumanager.schemas import UnloadReason
+from npumanager.schemas.limits import AUDIT_STRIKES
+
+pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="model hosts drop to another uid, which needs root"
+)
+
+from npumanager.daemon.host.client import HostSettings  # noqa: E402
+from npumanager.daemon.server.audit import HostAudit, Watched  # noqa: E402
+from npumanager.telemetry import ModelLoadState, ModelLoadStateChanged  # noqa: E402
+from npumanager.vendor_drivers.realexec.chain import chain_model  # noqa: E402
+
+LYING_HOST = Path(__file__).parent / "helpers" / "lying_host.py"
+X = np.full((8, 256), 0.25, np.float32)
+
+
+@pytest.fixture
+def served(daemon: Daemons) -> Iterator[Any]:
+    """`served(**host_settings)`: an onnxruntime service and its daemon with model hosts,
+    and a client of it (`.service`, `.daemon`, `.client`, `.events` of a memory sink)."""
+    made: list[Any] = []
+
+    def serve(**settings: Any) -> Any:
+        service = npu.Service("onnxruntime")
+        events = service.add_sink("memory").sink
+        hosts = HostSettings("onnxruntime", **settings)
+        running = daemon.on_a_thread(service, hosts=hosts)
+        client = npu.connect(running.socket_path, uses_feature=True)
+        made.append((client, service))
+        return SimpleNamespace(service=service, daemon=running, client=client, events=events)
+
+    yield serve
+    for client, service in made:
+        client.close()
+        service.close()
+
+
+def loaded(client: Any, model: bytes | None = None, request_id: int = 1) -> Any:
+    request = npu.ModelLoadRequest.Builder(request_id).set_size(0).build()
+    lease = client.reserve(request, timeout_s=WAIT_S)
+    lease.__enter__()
+    loaded = lease.load_model(model=chain_model() if model is None else model)
+    loaded.lease = lease  # to end it
+    return loaded
+
+
+def stats(served: Any) -> dict[str, Any]:
+    counters: dict[str, Any] = served.daemon.describe()["daemon"]
+    return counters
+
+
+def the_host(served: Any) -> Any:
+    (connection,) = served.daemon.transport.connections.values()
+    return connection.host
+
+
+def in_process(x: np.ndarray) -> list[np.ndarray]:
+    service = npu.Service("onnxruntime")
+    try:
+        return loaded(service.manager(10001, uses_feature=True)).run({"x": x})  # type: ignore[no-any-return]
+    finally:
+        service.close()
+
+
+def test_a_run_goes_to_the_host_directly_asking_the_scheduler_each_time(served: Any) -> None:
+    setup = served(lease_us=0)
+    model = loaded(setup.client)
+    outputs = [model.run({"x": X}) for _ in range(5)]
+    expected = in_process(X)
+    for out in outputs:
+        assert [o.tolist() for o in out] == [e.tolist() for e in expected]
+    counts = stats(setup)
+    assert counts["lanes_opened"] == 1
+    assert counts["inferences_direct"] == 5, "one grant a run without a lease"
+    assert counts["direct_runs"] == 5
+    assert counts["inferences_on_lane"] == 5
+    assert counts["model_hosts"]["runs_in_place"] + counts["model_hosts"]["runs_copied"] == 0, (
+        "no tensor went through the daemon"
+    )
+
+    def ended() -> list[int]:
+        work = [e for e in setup.events.events if type(e) is WorkEvent]
+        return [e.reason for e in work if e.kind == EventKind.ENDED]
+
+    wait_for(lambda: len(ended()) >= 5)
+    assert ended() == [npu.NPU_END_REASON_COMPLETED] * 5, "each run's life, as the daemon saw it"
+
+
+def test_a_lease_covers_further_runs_until_the_model_is_unloaded(served: Any) -> None:
+    setup = served(lease_us=100_000, lease_idle_us=60_000_000)
+    model = loaded(setup.client)
+    host = the_host(setup)
+    for _ in range(10):
+        model.run({"x": X})
+    counts = stats(setup)
+    assert counts["direct_runs"] == 10
+    assert counts["inferences_direct"] < 10, "a lease let later runs go without asking"
+    before = host.page.generation
+    model.lease.__exit__(None, None, None)  # the model is unloaded
+    wait_for(lambda: host.page.generation > before)  # the unload took the lease back
+
+
+def test_a_run_past_its_timeout_is_cancelled_in_the_host_and_the_lane_goes_on(
+    served: Any,
+) -> None:
+    setup = served(lease_us=0)
+    endless = loaded(setup.client, endless_model(), request_id=2)
+    with pytest.raises(TimeoutError):
+        endless.run({"x": X}, timeout=0.5)
+    model = loaded(setup.client)
+    assert [o.tolist() for o in model.run({"x": X})] == [o.tolist() for o in in_process(X)]
+    assert stats(setup)["lanes_opened"] == 1, "the same lane, to the same live host"
+
+
+def test_a_host_killed_between_runs_is_told_and_a_new_host_serves_the_next_load(
+    served: Any,
+) -> None:
+    setup = served(lease_us=0)
+    model = loaded(setup.client)
+    model.run({"x": X})
+    host = the_host(setup)
+    os.kill(host.pid, signal.SIGKILL)
+    wait_for(lambda: host.dead is not None)
+    with pytest.raises(npu.ModelHostError, match="killed by SIGKILL"):
+        model.run({"x": X})
+    again = loaded(setup.client, request_id=3)
+    assert [o.tolist() for o in again.run({"x": X})] == [o.tolist() for o in in_process(X)]
+    counts = stats(setup)
+    assert counts["lanes_opened"] == 2, "a new lane, to the new host"
+    wait_for(lambda: bool(revoked(setup)))
+    assert revoked(setup) == [UnloadReason.MODEL_HOST_ENDED]
+
+
+def revoked(setup: Any) -> list[int]:
+    """The unload reasons of the REVOKED events the service's sink has seen."""
+    return [
+        e.unload_reason
+        for e in setup.events.events
+        if type(e) is ModelLoadStateChanged and e.state == ModelLoadState.REVOKED
+    ]
+
+
+def run_until(model: Any, done: Any) -> BaseException | None:
+    """Run `model` back to back until `done()`; what a run raised, if one did."""
+    deadline = time.monotonic() + WAIT_S
+    while not done():
+        assert time.monotonic() < deadline, f"the condition did not hold within {WAIT_S} s"
+        try:
+            model.run({"x": X})
+        except (npu.NpuManagerError, CancelledError) as exc:
+            return exc
+    return None
+
+
+def test_a_host_that_runs_without_its_grants_is_throttled_then_killed(served: Any) -> None:
+    setup = served(lease_us=0, command=(sys.executable, str(LYING_HOST)))
+    model = loaded(setup.client)
+    audit = setup.daemon.inference.hosting.audit
+    run_until(model, lambda: audit.killed > 0)  # the run in flight then may fail either way
+    assert audit.throttled == AUDIT_STRIKES - 1, "stopped at each strike before the last"
+    wait_for(lambda: bool(revoked(setup)))
+    assert revoked(setup) == [UnloadReason.OVER_GRANT]
+    with pytest.raises(npu.ModelHostError, match="more CPU time than the daemon granted"):
+        model.run({"x": X})
+    (app,) = setup.daemon.describe()["apps"]
+    assert "more CPU time than the daemon granted" in app["host_ended"]
+
+
+def test_an_honest_host_under_the_same_load_keeps_within_its_grants(served: Any) -> None:
+    setup = served(lease_us=0)
+    model = loaded(setup.client)
+    audit = setup.daemon.inference.hosting.audit
+    start = audit.periods
+    assert run_until(model, lambda: audit.periods >= start + AUDIT_STRIKES + 1) is None
+    assert (audit.throttled, audit.killed) == (0, 0)
+
+
+# The audit's arithmetic, on a host whose CPU time the test sets ---------------------------
+
+
+class FakeHost:
+    def __init__(self) -> None:
+        self.pid, self.uid, self.dead, self.cgroup = 4242, 1000, None, None
+        self.grants = Grants()
+        self.signals: list[str] = []
+
+    def pause(self) -> None:
+        self.signals.append("stop")
+
+    def resume(self) -> None:
+        self.signals.append("cont")
+
+    def condemn(self, why: str) -> None:
+        self.signals.append("kill")
+        self.why = why
+
+
+def test_the_audit_throttles_at_each_strike_kills_at_the_last_and_forgives_slowly() -> None:
+    used = [0]
+    audit = HostAudit(period_s=1.0, cpus=2, read=lambda pid, cgroup: used[0])
+    host = FakeHost()
+    entry = Watched(host, 0, host.grants.total_ns(), None)  # type: ignore[arg-type]
+    audit._watched[host.pid] = entry
+    second = 1_000_000_000
+
+    used[0] += second  # a whole CPU second with nothing granted
+    audit.check(entry)
+    assert (host.signals, entry.strikes) == (["stop"], 1)
+    entry.throttled_until = 1e-9  # the stop is over
+    audit.check(entry)
+    assert host.signals == ["stop", "cont"]
+    audit.check(entry)  # a period within: one strike forgiven
+    assert entry.strikes == 0
+    for strike in range(AUDIT_STRIKES):
+        used[0] += second
+        audit.check(entry)
+        if strike < AUDIT_STRIKES - 1:
+            entry.throttled_until = 1e-9
+            audit.check(entry)
+    assert host.signals[-1] == "kill"
+    assert "1000 ms with 0 ms granted" in host.why
+    assert audit.killed == 1 and host.pid not in audit._watched
+
+
+def test_cpu_time_inside_open_grants_is_no_strike() -> None:
+    used = [0]
+    audit = HostAudit(period_s=1.0, cpus=1, read=lambda pid, cgroup: used[0])
+    host = FakeHost()
+    entry = Watched(host, 0, host.grants.total_ns(), None)  # type: ignore[arg-type]
+    host.grants.opened()
+    time.sleep(0.05)  # the grant is open for at least this long
+    used[0] += 40_000_000  # 40 ms of CPU: less than the grant's time
+    audit.check(entry)
+    assert (host.signals, entry.strikes) == ([], 0)
+
+
+def test_the_kernel_counts_a_process_cpu_time_in_every_thread() -> None:
+    from npumanager.daemon.server.audit import cpu_ns
+
+    before = cpu_ns(os.getpid())
+    assert before is not None
+    sum(i * i for i in range(3_000_000))
+    after = cpu_ns(os.getpid())
+    assert after is not None and after > before
+    assert cpu_ns(2**22 + 1) is None, "a process that is not there"
+
+
+# The grant page and the gate's frames -------------------------------------------------------
+
+
+def test_only_the_daemons_own_mapping_writes_the_grant_page() -> None:
+    page = GrantPage()
+    try:
+        seen = mmap.mmap(
+            page.read_only, gate.PAGE_BYTES, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ
+        )
+        assert gate.PAGE.unpack_from(seen)[0] == 0
+        page.revoke()
+        assert gate.PAGE.unpack_from(seen)[0] == 1, "the host sees the daemon's write"
+        with pytest.raises(PermissionError):
+            mmap.mmap(page.read_only, gate.PAGE_BYTES, flags=mmap.MAP_SHARED)
+        again = os.open(f"/proc/self/fd/{page.read_only}", os.O_RDWR)
+        try:
+            with pytest.raises(PermissionError):
+                os.pwrite(again, b"\xff" * 8, 0)
+            with pytest.raises(PermissionError):
+                mmap.mmap(again, gate.PAGE_BYTES, flags=mmap.MAP_SHARED)
+        finally:
+            os.close(again)
+        assert gate.PAGE.unpack_from(seen)[0] == 1
+    finally:
+        page.close()
+
+
+INT32 = st.integers(-(2**31), 2**31 - 1)
+INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@given(
+    st.sampled_from(list(gate.Op)),
+    st.integers(0, 255),
+    INT32,
+    INT64,
+    INT64,
+    INT64,
+    INT64,
+    st.text(max_size=200),
+)
+def test_gate_frames_decode_to_what_was_encoded(
+    op: gate.Op,
+    status: int,
+    model: int,
+    seq: int,
+    work_id: int,
+    until: int,
+    generation: int,
+    text: str,
+) -> None:
+    frame = gate.encode(
+        op,
+        seq,
+        status=status,
+        model=model,
+        work_id=work_id,
+        lease_until_ns=until,
+        lease_generation=generation,
+        text=text,
+    )
+    assert gate.decode(frame) == (op, status, model, seq, work_id, until, generation, text)
+
+
+@given(st.binary(max_size=gate.FRAME.size + 64))
+def test_any_bytes_from_a_host_decode_or_are_refused_with_what_is_wrong(data: bytes) -> None:
+    try:
+        gate.decode(data)
+    except IllegalArgumentError as exc:
+        assert str(exc)
