@@ -223,6 +223,10 @@ def test_a_daemons_hosted_runs_take_their_inputs_from_the_segment(
     daemon = start_onnxruntime()
     app = loaded_app(daemon, FOREGROUND_UID, model_file)
     assert app.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+    counters = info(daemon)["daemon"]
+    assert counters["inferences_direct"] == 1, "run went to the host by the lane, read there"
+    work = app.ok("real_submit", id=1, rows=4, value=0.5)  # the connection's own path
+    assert app.ok("real_result", work_id=work) == in_process_digest(4, 0.5)
     hosts = info(daemon)["daemon"]["model_hosts"]
     assert hosts["runs_in_place"] >= 1 and hosts["runs_copied"] == 0, hosts
 

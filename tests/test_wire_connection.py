@@ -94,6 +94,20 @@ def test_an_inference_without_ack_is_answered_by_its_end() -> None:
     assert client.open_calls == set()
 
 
+def test_an_acked_inference_whose_end_comes_before_its_reply_is_still_answered() -> None:
+    """The daemon's worker may send a fast inference's end before the loop sends the ack
+    (`LoadedModel.submit` in a loop met it): the ack then still answers a call in flight."""
+    client, daemon = opened()
+    call = p.Infer(seq=6, model=1, inputs=[], out=p.Span(offset=0, size=64))
+    assert call.ack
+    assert events(daemon, client.send(call)) == [call]
+    ended = p.WorkEnded(call_seq=6, work_id=9, reason=4, outputs=[])
+    reply = p.Reply(seq=6, result={"work_id": 9})
+    assert events(client, daemon.send(ended) + daemon.send(reply)) == [ended, reply]
+    assert client.open_calls == set()
+    assert client.state is State.OPEN
+
+
 _CALLS = st.one_of(
     st.builds(p.Info, seq=st.integers(0, 2**40), offset=st.integers(0, 99)),
     st.builds(p.CancelLoad, seq=st.integers(0, 2**40), request_id=st.integers(0, 2**63 - 1)),

@@ -282,15 +282,17 @@ class RemoteInference:
                 return outputs
         try:
             future = self.submit(model, inputs, job_priority, None, None, None, ack=False)
+            try:
+                return future.result(timeout)
+            except TimeoutError:
+                future.cancel()
+                raise TimeoutError(
+                    f"work {future.work_id} did not end within {timeout} s"
+                ) from None
         except DaemonUnavailableError:
-            if lane_closed is not None:
+            if lane_closed is not None:  # the daemon went: the lane said so first
                 raise lane_closed from None
             raise
-        try:
-            return future.result(timeout)
-        except TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"work {future.work_id} did not end within {timeout} s") from None
 
     def _run_on_lane(
         self,

@@ -74,6 +74,8 @@ class Gate(Served):
         finally:
             os.close(tally_fd)
         self._counted = (0, 0)
+        self._grants = 0
+        """How many runs this gate granted (each covers one run, or a lease's first)."""
         """The tally as last read: a host's count only ever grows here."""
         super().__init__(sock, f"npu-gate-{connection.peer.uid}")
         self._connection = weakref.ref(connection)
@@ -101,7 +103,13 @@ class Gate(Served):
         runs = max(self._counted[0], runs)
         repeated = max(self._counted[1], min(repeated, runs))
         self._counted = (runs, repeated)
-        return {"inferences_on_lane": runs, "direct_runs": runs, "lane_frames_repeated": repeated}
+        return {
+            "inferences_on_lane": runs,
+            "direct_runs": runs,
+            "lane_frames_repeated": repeated,
+            # Runs a lease covered ran on the lane's own thread (the host's), as inline runs do.
+            "inferences_inline": max(0, runs - self._grants),
+        }
 
     # The gate's thread ------------------------------------------------------------------
 
@@ -156,6 +164,7 @@ class Gate(Served):
             return
         stats = self._stats
         stats.inferences_direct += 1
+        self._grants += 1
         if work.inline is not None:
             stats.inferences_inline += 1
         else:

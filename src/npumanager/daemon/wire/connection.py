@@ -131,6 +131,9 @@ class WireConnection:
         self.our_role = our_role
         self.state = State.HELLO
         self.open_calls: set[int] = set()
+        self._acked: set[int] = set()
+        """Inference calls that get a reply when queued: their end may come first (the
+        worker that ran it sends it), and the reply still closes the call."""
         """The client's calls sent and not yet answered, by seq (kept on the client side)."""
         self._reader = p.FrameReader(max_frame)
         self._ended = False
@@ -207,10 +210,11 @@ class WireConnection:
                     f"the daemon answered call {message.seq}, which is not a call in flight"
                 )
             self.open_calls.discard(message.seq)
+            self._acked.discard(message.seq)
         elif isinstance(message, p.Error):
             self.state = State.ERROR
-        elif isinstance(message, p.WorkEnded):
-            self.open_calls.discard(message.call_seq)
+        elif isinstance(message, p.WorkEnded) and message.call_seq not in self._acked:
+            self.open_calls.discard(message.call_seq)  # an acked call's reply closes it
         return message
 
     # Sending ----------------------------------------------------------------------------
@@ -235,6 +239,8 @@ class WireConnection:
             self.state = State.ERROR
         elif isinstance(message, p.Call) and self.our_role is Role.CLIENT:
             self.open_calls.add(message.seq)
+            if isinstance(message, p.Infer) and message.ack:
+                self._acked.add(message.seq)
 
     def _check(self, message: p.WireModel, *, sending: bool) -> None:
         theirs = Role.DAEMON if self.our_role is Role.CLIENT else Role.CLIENT
