@@ -31,6 +31,7 @@ SCRIPTS = [
     "admission",
     "channel_hog",
     "daemon_attacks",
+    "data_plane",
     "fairness",
     "focus",
     "hops",

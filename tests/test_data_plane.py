@@ -351,3 +351,33 @@ def test_any_bytes_from_a_host_decode_or_are_refused_with_what_is_wrong(data: by
         gate.decode(data)
     except IllegalArgumentError as exc:
         assert str(exc)
+
+
+def expanding_model(elements: int) -> bytes:
+    """A tiny model whose run makes `elements` float32s from one (`Expand`): gigabytes at
+    run time from a file of a few hundred bytes."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Expand", ["x", "shape"], ["y"])],
+        "expanding",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [elements])],
+        [numpy_helper.from_array(np.array([elements], np.int64), "shape")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data: bytes = model.SerializeToString()
+    return data
+
+
+def test_without_a_memory_cgroup_a_run_past_the_hosts_grants_fails_alone(served: Any) -> None:
+    setup = served(lease_us=0, cgroups=None)
+    host_model = loaded(setup.client, expanding_model(1 << 29), request_id=4)  # 2 GiB out
+    host = the_host(setup)
+    assert host.rlimit is not None
+    with pytest.raises(npu.ExecutionError, match=r"this model host may use \d+ MiB"):
+        host_model.run({"x": np.ones(1, np.float32)})
+    model = loaded(setup.client)
+    assert [o.tolist() for o in model.run({"x": X})] == [o.tolist() for o in in_process(X)]
+    assert the_host(setup) is host and host.dead is None, "the host served on"

@@ -384,8 +384,9 @@ def _host_settings(args: argparse.Namespace, options: dict[str, Any]) -> Any:
     cgroups = MemoryCgroups.find()
     if cgroups is None:
         log.warning(
-            "model hosts run without a memory limit: no memory cgroup this daemon may write "
-            "(cgroup v2 with the memory controller delegated, or a v1 memory hierarchy)"
+            "model hosts are held to their grants by their data limit (RLIMIT_DATA): no "
+            "memory cgroup this daemon may write (cgroup v2 with the memory controller "
+            "delegated, or a v1 memory hierarchy)"
         )
     return HostSettings(args.driver, options, args.devices, cgroups=cgroups, lease_us=args.lease_us)
 

@@ -35,7 +35,9 @@ from npumanager.daemon.host.grants import GrantPage, Grants
 from npumanager.daemon.host.memory import (
     HELD_FACTOR,
     HOST_MEMORY_BASE_BYTES,
+    HOST_MEMORY_CEILING_BYTES,
     HostCgroup,
+    HostRlimit,
     MemoryCgroups,
     host_limit,
 )
@@ -78,6 +80,9 @@ class HostSettings:
     """Where each host's memory cgroup is made (`daemon.host.memory`); None: no limit."""
     counts: RunCounts = field(default_factory=RunCounts)
     """Every host of the daemon counts its runs here (shown in `info`)."""
+    memory_ceiling: int = HOST_MEMORY_CEILING_BYTES
+    """The most a host's data limit may ever be, where it has no memory cgroup
+    (`daemon.host.memory.HostRlimit`)."""
     lease_us: int = DEFAULT_LEASE_US
     """How long a direct run's grant leases its channel (`daemon.server.direct`)."""
     lease_idle_us: int = LEASE_IDLE_US
@@ -136,6 +141,8 @@ class ModelHost:
         self._held = 0
         self._loading = 0
         self.cgroup: HostCgroup | None = None
+        self.rlimit: HostRlimit | None = None
+        """Its data limit, where it has no memory cgroup."""
         self._oom_killed = False
         self._condemned: str | None = None
         """Why the daemon killed the host, when it did so for a fault of the host's own."""
@@ -182,7 +189,14 @@ class ModelHost:
                 ours.close()
                 raise ModelHostError(f"the model host could not be started: {exc}") from None
         self.pid = self._process.pid
-        if settings.cgroups is not None:
+        if settings.cgroups is None:
+            self.rlimit = HostRlimit(self.pid, settings.memory_ceiling)
+            try:
+                self.rlimit.start()
+            except OSError as exc:
+                self.rlimit = None
+                log.warning("model host %d runs without a data limit: %s", self.pid, exc)
+        else:
             name = f"npu-host-{self.pid}"
             try:
                 self.cgroup = settings.cgroups.join(name, self.pid, host_limit(0, 0))
@@ -405,7 +419,8 @@ class ModelHost:
                 f"the model host opened {weight} weight bytes after counting {counted.weight_bytes}"
             )
         if not self._hold(held=weight, loading=-counted.allowed):
-            usage = self.cgroup.usage() if self.cgroup is not None else 0
+            held_by = self.cgroup or self.rlimit
+            usage = held_by.usage() if held_by is not None else 0
             self.ask("drop", model=model_id)
             self._hold(held=-weight)
             raise CapacityError(
@@ -434,7 +449,14 @@ class ModelHost:
             self._held += held
             self._loading += loading
             limit = host_limit(self._held, self._loading)
-        if self.cgroup is None or self.dead is not None:
+        if self.dead is not None:
+            return True
+        if self.rlimit is not None:
+            if self.rlimit.usage() > limit:
+                return False
+            self.tell("limit", data=min(limit, self.rlimit.ceiling))
+            return True
+        if self.cgroup is None:
             return True
         try:
             return self.cgroup.set_limit(limit)

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from npumanager.daemon.host.lanes import LaneServer, Ran
+from npumanager.daemon.host.memory import explained
 from npumanager.daemon.host.segment import Segment
 from npumanager.daemon.wire import gate
 from npumanager.daemon.wire.gate import Done, Op
@@ -136,7 +137,8 @@ class DirectLane(LaneServer):
                     lease.runs += 1
                     return Ran(lease.work_id, ran)
                 self._taken()
-                self._tell(Op.DONE, lease.seq, Done.FAILED, runs=lease.runs, text=str(ran))
+                text = explained(str(ran))
+                self._tell(Op.DONE, lease.seq, Done.FAILED, runs=lease.runs, text=text)
                 return self._answered(lease.seq, model_id, session, feeds, key)
             self.give_back()
         self._seq += 1
@@ -202,7 +204,9 @@ class DirectLane(LaneServer):
             background = frame.status == 1
             ran = self._run(session, feeds, seq, background)
             if isinstance(ran, BaseException):
-                self._tell(Op.DONE, seq, Done.FAILED, text=str(ran) or type(ran).__name__)
+                self._tell(
+                    Op.DONE, seq, Done.FAILED, text=explained(str(ran) or type(ran).__name__)
+                )
                 continue
             if frame.lease_until_ns:
                 self._idle_after(self._idle_s)

@@ -1,13 +1,15 @@
 """A model host's memory held to what its client's grants allow, by a memory cgroup of its
 own: cgroup v2's `memory.max` where the daemon's cgroup has the memory controller, else
 cgroup v1's `memory.limit_in_bytes` where a v1 memory hierarchy is mounted (hybrid
-machines), else no limit (said in `info`).
+machines), else the host's own data limit (`RLIMIT_DATA`, set by the daemon with
+`prlimit` before the host's runtime loads: `HostRlimit`).
 
 A host's limit is `HOST_MEMORY_BASE_BYTES` (its interpreter, its runtime and a run's
 activations) plus `HELD_FACTOR` times the weight bytes of the models it holds, plus
 `LOADING_FACTOR` times what the grant of a load in progress allows (the file's bytes, the
 parsed model and the runtime's copy live at once while a model opens). A host over its
-limit is killed by the kernel (an OOM kill in its own cgroup): only its client's models go.
+limit is killed by the kernel (an OOM kill in its own cgroup): only its client's models go;
+under a data limit an allocation past it fails instead, and so does the run that made it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import errno
 import os
 import re
+import resource
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -26,6 +29,9 @@ for either built-in runtime on x86-64) and the tensors of its runs."""
 HELD_FACTOR = 2
 """A model's weights count this many times while it is open (a runtime may keep a
 pre-packed copy beside the weights)."""
+HOST_MEMORY_CEILING_BYTES = 16 << 30
+"""The hard data limit of a host without a memory cgroup: what no grants on the built-in
+drivers' default device reach (its soft limit follows the grants below this)."""
 LOADING_FACTOR = 3
 """A load's allowance counts this many times while the model opens."""
 
@@ -83,6 +89,45 @@ class HostCgroup:
         """Remove the cgroup once its host has been reaped."""
         with contextlib.suppress(FileNotFoundError):
             self.path.rmdir()
+
+
+@dataclass(frozen=True)
+class HostRlimit:
+    """One host's memory held by its data limit (`RLIMIT_DATA`: its heap and private
+    writable mappings), where no memory cgroup can be written.
+
+    Raising a limit takes `CAP_SYS_RESOURCE`, which a daemon may lack (and which the host,
+    another uid, must not have), so the daemon sets both limits as the host starts, while
+    it may: the soft one to `HOST_MEMORY_BASE_BYTES`, the hard one to `ceiling` (the most
+    any grants could allow); the host then moves its own soft limit as the daemon tells it
+    (`limit`). A host that lies can raise its soft limit as far as `ceiling`, never past."""
+
+    pid: int
+    ceiling: int
+
+    def start(self) -> None:
+        """Set the started host's limits (`OSError` if the daemon may not)."""
+        soft = min(host_limit(0, 0), self.ceiling)
+        resource.prlimit(self.pid, resource.RLIMIT_DATA, (soft, self.ceiling))
+
+    def usage(self) -> int:
+        """The host's data bytes now (`VmData`), 0 once it is gone."""
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+        return 0
+
+
+def explained(message: str) -> str:
+    """A run's failure message, with this host's data limit where an allocation failed."""
+    soft = resource.getrlimit(resource.RLIMIT_DATA)[0]
+    if "alloc" not in message.lower() or soft == resource.RLIM_INFINITY:
+        return message
+    return (
+        f"{message} (this model host may use {soft >> 20} MiB, what its grants allow: "
+        "ask for a larger size class, or declare weight_bytes when requesting)"
+    )
 
 
 @dataclass(frozen=True)

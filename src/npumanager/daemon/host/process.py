@@ -23,6 +23,7 @@ import contextlib
 import json
 import mmap
 import os
+import resource
 import socket
 import sys
 import threading
@@ -34,6 +35,7 @@ import numpy as np
 from npumanager.daemon.heap import give_back_memory
 from npumanager.daemon.host import messages
 from npumanager.daemon.host.direct import BACKGROUND_NICE, DirectLane, Runs, checked_lane
+from npumanager.daemon.host.memory import explained
 from npumanager.daemon.host.sandbox import confine
 from npumanager.errors import IllegalArgumentError, NpuManagerError, UnknownModelError
 from npumanager.modelfiles import read_model_file
@@ -69,6 +71,7 @@ class Host(Runs):
             "band": self._band,
             "drop": self._drop,
             "cancel": self._cancel,
+            "limit": self._limit,
         }
 
     def serve(self) -> None:
@@ -229,6 +232,13 @@ class Host(Runs):
         give_back_memory()
         return {}
 
+    def _limit(self, header: dict[str, Any], _: list[int]) -> dict[str, Any]:
+        """The daemon moves this host's data limit with its grants (below the hard one)."""
+        hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+        soft = int(header["data"])
+        resource.setrlimit(resource.RLIMIT_DATA, (soft if hard < 0 else min(soft, hard), hard))
+        return {}
+
     def _cancel(self, header: dict[str, Any], _: list[int]) -> dict[str, Any]:
         run_id, runner = header["run"], header["runner"]
         with self._lock:
@@ -286,7 +296,7 @@ def _close(fds: list[int]) -> None:
 
 def _error(exc: Exception) -> dict[str, Any]:
     kind = type(exc).__name__ if isinstance(exc, NpuManagerError) else "ExecutionError"
-    return {"error": kind, "message": str(exc) or type(exc).__name__}
+    return {"error": kind, "message": explained(str(exc) or type(exc).__name__)}
 
 
 def main() -> None:

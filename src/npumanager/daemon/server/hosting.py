@@ -70,7 +70,7 @@ class Hosting:
             "driver": self.settings.driver,
             "started": self.started,
             "died": self.died,
-            "memory_limit": None if cgroups is None else cgroups.kind,
+            "memory_limit": "RLIMIT_DATA" if cgroups is None else cgroups.kind,
             "runs_in_place": self.settings.counts.in_place,
             "runs_copied": self.settings.counts.copied,
             "audit": self.audit.describe(),
