@@ -324,3 +324,36 @@ def test_a_dead_hosts_error_holds_nothing_of_its_caller_once_caught() -> None:
     finally:
         gc.enable()
         host.kill()
+
+
+def test_an_apps_connections_share_one_host_each_uid_its_own_and_hosts_are_capped(
+    start_onnxruntime: Callable[..., DaemonProcess], model_file: Path
+) -> None:
+    """One host per app (not per connection): two connections of one app run in the same
+    host; another uid's app gets one of its own; past `--max-hosts` a load is refused."""
+    daemon = start_onnxruntime("--model-hosts", "--max-hosts", "2")
+    first = loaded_app(daemon, FOREGROUND_UID, model_file)
+    second = loaded_app(daemon, FOREGROUND_UID, model_file)
+    for child in (first, second):
+        assert child.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+    clients = info(daemon)["clients"]
+    pids = {c["host_pid"] for c in clients if c["uid"] == FOREGROUND_UID}
+    assert len(pids) == 1 and None not in pids, clients
+    other = loaded_app(daemon, BACKGROUND_UID, model_file)
+    assert other.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+    assert host_pid(daemon, BACKGROUND_UID) not in pids
+    hosts = info(daemon)["daemon"]["model_hosts"]
+    assert (hosts["running"], hosts["started"], hosts["max_hosts"]) == (2, 2, 2)
+
+    third = app(daemon, NOBODY)
+    granted(third)
+    refused = third.send("real_load", id=1, path=str(model_file))
+    assert refused.get("error") == "QuotaExceededError", refused
+    assert "2 model hosts, its cap (serve --max-hosts)" in refused["message"]
+
+    first.close()  # the app's other connection keeps the host
+    assert second.ok("real_run", id=1, rows=4, value=0.5) == in_process_digest(4, 0.5)
+    (pid,) = pids
+    assert not gone(pid)
+    second.close()
+    wait_for(lambda: gone(pid))  # its last connection took it

@@ -14,7 +14,7 @@ from npumanager.vendor_drivers.realexec.session import Call, check_feeds
 
 
 def ungranted(self: direct.DirectLane, request: Any, feeds: dict[str, np.ndarray]) -> Ran:
-    _, session = self._runs.named(request.model)
+    _, session = self._runs.named(self._client, request.model)
     outputs = session.run(check_feeds(session.inputs, feeds), Call(False))
     return Ran(0, [np.asarray(out) for out in outputs])
 

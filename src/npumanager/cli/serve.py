@@ -33,6 +33,8 @@ from npumanager.schemas.limits import (
     DEFAULT_LEASE_US,
     DEFAULT_MAX_BUFFERED_BYTES,
     DEFAULT_MAX_CONNECTIONS_PER_UID,
+    DEFAULT_MAX_HOSTS,
+    DEFAULT_MAX_HOSTS_PER_UID,
     DEFAULT_MAX_INFERENCES_PER_CONNECTION,
     DEFAULT_MAX_MODEL_FILE_BYTES,
     DEFAULT_MAX_MODELS_PER_APP,
@@ -222,6 +224,21 @@ def add_serve(add: Add) -> None:
         f"(default {DEFAULT_MAX_MODELS_PER_APP})",
     )
     limits.add_argument(
+        "--max-hosts-per-uid",
+        type=_positive,
+        default=DEFAULT_MAX_HOSTS_PER_UID,
+        metavar="N",
+        help="model hosts one uid may have at once, one per app "
+        f"(default {DEFAULT_MAX_HOSTS_PER_UID})",
+    )
+    limits.add_argument(
+        "--max-hosts",
+        type=_positive,
+        default=DEFAULT_MAX_HOSTS,
+        metavar="N",
+        help=f"model hosts the daemon runs at once, over every uid (default {DEFAULT_MAX_HOSTS})",
+    )
+    limits.add_argument(
         "--max-buffered-mib",
         type=_positive,
         default=DEFAULT_MAX_BUFFERED_BYTES // _MIB,
@@ -315,6 +332,8 @@ def limits_of(args: argparse.Namespace) -> DaemonLimits:
         max_model_file_bytes=args.max_model_mib * _MIB,
         max_requests_per_app=args.max_requests_per_app,
         max_models_per_app=args.max_models_per_app,
+        max_hosts_per_uid=args.max_hosts_per_uid,
+        max_hosts=args.max_hosts,
     )
 
 

@@ -173,6 +173,11 @@ DEFAULT_MAX_REQUESTS_PER_APP: Final = DEFAULT_MAX_REQUESTS_PER_UID // 4
 and one of them must not take the whole uid's share."""
 DEFAULT_MAX_MODELS_PER_APP: Final = DEFAULT_MAX_MODELS_PER_UID // 4
 """Models one app (found by its cgroup) may hold loaded."""
+DEFAULT_MAX_HOSTS_PER_UID: Final = 8
+"""Model hosts one real uid may have at once (one per app: `daemon.server.hosting`); each
+holds a runtime, about 90-100 MiB resident before any model."""
+DEFAULT_MAX_HOSTS: Final = 128
+"""Model hosts the daemon runs at once, over every uid."""
 DEFAULT_MAX_BUFFERED_BYTES: Final = 64 << 20
 """Bytes the daemon buffers for all clients together (partial frames and unread replies);
 past it, the connection buffering the most is dropped."""

@@ -153,8 +153,10 @@ class ModelHost:
         self._lanes = 0
         self.grants = Grants()
         """How long the host was allowed to run (`daemon.server.audit` holds it to that)."""
-        self.names: dict[int, int] = {}
-        """The host's model id of each of the connection's model handles (for its lanes)."""
+        self.names: dict[tuple[int, int], int] = {}
+        """The host's model id of each model handle, by client (for their lanes)."""
+        self._users = 0
+        """The connections that use the host (`join`, `leave`)."""
         self.last_opened: int | None = None
         """The model id of the last model opened (loads run one at a time)."""
         self._start()
@@ -338,35 +340,61 @@ class ModelHost:
         return runner
 
     def open_lane(
-        self, lane: socket.socket, segment_fd: int, segment_size: int, tally_fd: int
+        self,
+        client: int,
+        lane: socket.socket,
+        segment: tuple[int, int],
+        tally_fd: int,
     ) -> tuple[socket.socket, int]:
-        """Have the host serve a client's lane (`daemon.host.direct`) over the segment
-        `segment_fd`, counting its runs in the page `tally_fd`: the daemon's end of the
-        lane's gate, and the lane's runner index."""
+        """Have the host serve client `client`'s lane (`daemon.host.direct`) over its
+        segment (descriptor, size), counting its runs in the page `tally_fd`: the daemon's
+        end of the lane's gate, and the lane's runner index."""
+        segment_fd, segment_size = segment
         with self._lock:
             if self.dead is not None:
                 raise ModelHostError(f"the model host {self.dead}")
             self._lanes += 1
             index = -self._lanes  # runners count up from 1
-            names = sorted(self.names.items())
+            names = sorted((h, m) for (c, h), m in self.names.items() if c == client)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             fds = [lane.fileno(), theirs.fileno(), segment_fd, self.page.read_only, tally_fd]
             idle = self.settings.lease_idle_us
-            self.tell("lane", fds, runner=index, size=segment_size, names=names, idle_us=idle)
+            self.tell(
+                "lane",
+                fds,
+                runner=index,
+                client=client,
+                size=segment_size,
+                names=names,
+                idle_us=idle,
+            )
         return ours, index
 
-    def name(self, handle: int, model_id: int) -> None:
-        """The connection calls the host's model `model_id` ``handle`` (its lanes say it)."""
+    def name(self, client: int, handle: int, model_id: int) -> None:
+        """Client `client` calls the host's model `model_id` ``handle`` (its lanes say it)."""
         with self._lock:
-            self.names[handle] = model_id
-        self.ask("name", handle=handle, model=model_id)
+            self.names[client, handle] = model_id
+        self.ask("name", client=client, handle=handle, model=model_id)
+
+    def join(self) -> None:
+        """One more connection uses the host (an app's connections share one)."""
+        with self._lock:
+            self._users += 1
+
+    def leave(self) -> None:
+        """A connection that used the host closed: the last one's going kills it."""
+        with self._lock:
+            self._users -= 1
+            last = self._users <= 0
+        if last:
+            self.kill()
 
     def forget(self, model_id: int) -> None:
         """The model `model_id` is closed: no handle names it any more."""
         with self._lock:
-            for handle in [h for h, m in self.names.items() if m == model_id]:
-                del self.names[handle]
+            for key in [key for key, m in self.names.items() if m == model_id]:
+                del self.names[key]
 
     def ending(self) -> str:
         """Why the host ended, once its reader has said (a runner's socket may close first)."""
@@ -528,6 +556,11 @@ class ModelHost:
         if code < 0:
             return f"killed by {signal.Signals(-code).name}"
         return f"exit status {code}"
+
+    @property
+    def usable(self) -> bool:
+        """True while the host may take more work: alive, and not being killed."""
+        return self.dead is None and not self._killed
 
     @property
     def condemned(self) -> bool:

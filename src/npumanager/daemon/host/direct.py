@@ -65,8 +65,8 @@ class Runs:
     """What a direct lane needs of its host: the sessions by handle, and the calls in
     flight, so that the daemon's `cancel` reaches them."""
 
-    def named(self, handle: int) -> tuple[int, Session]:
-        """The host's model id and session of the connection's model ``handle``."""
+    def named(self, client: int, handle: int) -> tuple[int, Session]:
+        """The host's model id and session of client `client`'s model ``handle``."""
         raise NotImplementedError
 
     def begin(self, runner: int, run_id: int, call: Call) -> None:
@@ -88,10 +88,12 @@ class DirectLane(LaneServer):
         segment: Segment,
         pages: tuple[mmap.mmap, mmap.mmap],
         runs: Runs,
-        index: int,
+        lane: tuple[int, int],
         idle_s: float,
     ) -> None:
+        client, index = lane
         super().__init__(sock, f"npu-host-lane-{index}")
+        self._client = client
         self._idle_s = idle_s
         self._gate = gate_sock
         self._segment = segment
@@ -114,13 +116,13 @@ class DirectLane(LaneServer):
     def repeated(self) -> None:
         self._count(repeated=1)
 
-    def _count(self, runs: int = 0, repeated: int = 0) -> None:
+    def _count(self, runs: int = 0, repeated: int = 0, background: int = 0) -> None:
         """Add to the lane's tally (`daemon.wire.gate.TALLY`): what `info` shows of it."""
-        before = gate.TALLY.unpack_from(self._tally)
-        gate.TALLY.pack_into(self._tally, 0, before[0] + runs, before[1] + repeated)
+        was = gate.TALLY.unpack_from(self._tally)
+        gate.TALLY.pack_into(self._tally, 0, was[0] + runs, was[1] + repeated, was[2] + background)
 
     def infer(self, request: Request, feeds: dict[str, np.ndarray]) -> Ran | bytes:
-        model_id, session = self._runs.named(request.model)
+        model_id, session = self._runs.named(self._client, request.model)
         checked = self._checked_feeds
         if checked is not None and checked[0] is feeds and checked[1] is session:
             feeds = checked[2]  # the lane's last request again, checked then
@@ -229,7 +231,7 @@ class DirectLane(LaneServer):
         """One inference (on a niced thread for the background): its outputs, or what it
         raised (the daemon's cancel included)."""
         call = Call(background)
-        self._count(runs=1)
+        self._count(runs=1, background=int(background))
         self._runs.begin(self._index, seq, call)
         try:
             if background:

@@ -61,8 +61,8 @@ class Host(Runs):
         self._early: dict[int, int] = {}
         """A cancel per runner that came before its run (one at most: a runner carries one
         run at a time, and the daemon cancels only the run in flight on it)."""
-        self._names: dict[int, int] = {}
-        """The host's model id of each of the connection's model handles."""
+        self._names: dict[tuple[int, int], int] = {}
+        """The host's model id of each model handle, by client (an app's connections)."""
         self._handlers: dict[str, Callable[[dict[str, Any], list[int]], dict[str, Any]]] = {
             "count": self._count,
             "open": self._open,
@@ -162,8 +162,8 @@ class Host(Runs):
         with self._lock:
             self._calls.pop(run_id, None)
 
-    def named(self, handle: int) -> tuple[int, Session]:
-        model_id = self._names.get(handle)
+    def named(self, client: int, handle: int) -> tuple[int, Session]:
+        model_id = self._names.get((client, handle))
         session = None if model_id is None else self._sessions.get(model_id)
         if model_id is None or session is None:
             raise UnknownModelError(f"model {handle} is not loaded")
@@ -172,10 +172,11 @@ class Host(Runs):
     def _start_lane(self, header: dict[str, Any], fds: list[int]) -> dict[str, Any]:
         """Serve a connection's lane here (`daemon.host.direct`), on a thread of its own."""
         lane, gate_sock, segment, pages = checked_lane(fds, int(header["size"]))
+        client = int(header["client"])
         for handle, model_id in header.get("names", []):
-            self._names[int(handle)] = int(model_id)
+            self._names[client, int(handle)] = int(model_id)
         index, idle_s = int(header["runner"]), int(header["idle_us"]) / 1e6
-        DirectLane(lane, gate_sock, segment, pages, self, index, idle_s).start()
+        DirectLane(lane, gate_sock, segment, pages, self, (client, index), idle_s).start()
         return {}
 
     def _handle(self, op: Any, header: dict[str, Any], fds: list[int]) -> dict[str, Any]:
@@ -214,7 +215,7 @@ class Host(Runs):
         }
 
     def _name(self, header: dict[str, Any], _: list[int]) -> dict[str, Any]:
-        self._names[int(header["handle"])] = int(header["model"])
+        self._names[int(header["client"]), int(header["handle"])] = int(header["model"])
         return {}
 
     def _band(self, header: dict[str, Any], _: list[int]) -> dict[str, Any]:
@@ -227,8 +228,8 @@ class Host(Runs):
             _close(self._counted.pop(model)[1])
         if model in self._sessions:
             self._sessions.pop(model).close()
-            for handle in [h for h, m in self._names.items() if m == model]:
-                del self._names[handle]
+            for key in [key for key, m in self._names.items() if m == model]:
+                del self._names[key]
         give_back_memory()
         return {}
 

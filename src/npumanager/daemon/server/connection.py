@@ -59,10 +59,12 @@ class LaneEnd(Protocol):
 
 
 class HostEnd(Protocol):
-    """A connection's model host (`daemon.host.client.ModelHost`), as the connection sees it."""
+    """A connection's model host (`daemon.host.client.ModelHost`), as the connection sees it:
+    its app's, shared by the app's connections."""
 
-    def kill(self) -> None:
-        """End the host now: its loads and runs stop."""
+    def leave(self) -> None:
+        """The connection no longer uses the host: the last one to leave ends it (its loads
+        and runs stop); the others' models go with their connections."""
 
 
 class Connection:
@@ -203,7 +205,7 @@ class Connection:
             self.lane.close()
             self.lane = None
         if self.host is not None:
-            self.host.kill()
+            self.host.leave()
             self.host = None
         self.hosted.clear()
         self.segment = None  # unmapped once running inferences let go of their arrays

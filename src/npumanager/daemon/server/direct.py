@@ -70,12 +70,14 @@ class Gate(Served):
         try:
             os.ftruncate(tally_fd, gate.PAGE_BYTES)
             self._tally = mmap.mmap(tally_fd, gate.PAGE_BYTES, flags=mmap.MAP_SHARED)
-            sock, self._index = host.open_lane(lane, segment.shared.fd, segment.size, tally_fd)
+            client = connection.manager.client if connection.manager is not None else -1
+            segment_of = (segment.shared.fd, segment.size)
+            sock, self._index = host.open_lane(client, lane, segment_of, tally_fd)
         finally:
             os.close(tally_fd)
-        self._counted = (0, 0)
-        self._grants = 0
-        """How many runs this gate granted (each covers one run, or a lease's first)."""
+        self._counted = (0, 0, 0)
+        self._inline_grants = self._worker_grants = 0
+        """The runs this gate granted, run by its own thread or by the driver's workers."""
         """The tally as last read: a host's count only ever grows here."""
         super().__init__(sock, f"npu-gate-{connection.peer.uid}")
         self._connection = weakref.ref(connection)
@@ -98,17 +100,18 @@ class Gate(Served):
 
     def tally(self) -> dict[str, int]:
         """What the lane's host says it ran (`daemon.wire.gate.TALLY`), never less than it
-        said before and at most one repeated frame a run: for `info` only."""
-        runs, repeated = gate.TALLY.unpack_from(self._tally)
-        runs = max(self._counted[0], runs)
-        repeated = max(self._counted[1], min(repeated, runs))
-        self._counted = (runs, repeated)
+        said before: for `info` only. Runs a lease covered count as the grant that began it
+        would: on the lane's own thread (inline) in the foreground, else as the workers'."""
+        said = gate.TALLY.unpack_from(self._tally)
+        runs, repeated, background = (max(a, b) for a, b in zip(self._counted, said, strict=True))
+        repeated, background = min(repeated, runs), min(background, runs)
+        self._counted = (runs, repeated, background)
         return {
             "inferences_on_lane": runs,
             "direct_runs": runs,
             "lane_frames_repeated": repeated,
-            # Runs a lease covered ran on the lane's own thread (the host's), as inline runs do.
-            "inferences_inline": max(0, runs - self._grants),
+            "inferences_inline": max(0, runs - background - self._inline_grants),
+            "inferences_to_workers": max(0, background - self._worker_grants),
         }
 
     # The gate's thread ------------------------------------------------------------------
@@ -164,11 +167,12 @@ class Gate(Served):
             return
         stats = self._stats
         stats.inferences_direct += 1
-        self._grants += 1
         if work.inline is not None:
             stats.inferences_inline += 1
+            self._inline_grants += 1
         else:
             stats.inferences_to_workers += 1
+            self._worker_grants += 1
         self._running.now(model, work.work_id)
         ended: tuple[Status, str, str] | None = None
         try:

@@ -167,6 +167,7 @@ class InferenceCalls:
         ref = weakref.ref(connection)
         uid = connection.peer.uid
         span = message.span
+        client = manager.client
 
         def load() -> bool:
             outcome: LoadedModel | Exception
@@ -193,7 +194,7 @@ class InferenceCalls:
                 )
                 if host is not None and host.last_opened is not None:
                     with contextlib.suppress(ModelHostError):  # its death unloads the model
-                        host.name(outcome.handle, host.last_opened)  # before the client hears
+                        host.name(client, outcome.handle, host.last_opened)  # before it hears
             except Exception as exc:
                 outcome = exc
             finally:

@@ -19,6 +19,8 @@ from npumanager.schemas.limits import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_BUFFERED_BYTES,
     DEFAULT_MAX_CONNECTIONS_PER_UID,
+    DEFAULT_MAX_HOSTS,
+    DEFAULT_MAX_HOSTS_PER_UID,
     DEFAULT_MAX_INFERENCES_PER_CONNECTION,
     DEFAULT_MAX_MODEL_FILE_BYTES,
     DEFAULT_MAX_MODELS_PER_APP,
@@ -55,6 +57,8 @@ class DaemonLimits:
     max_model_file_bytes: int = DEFAULT_MAX_MODEL_FILE_BYTES
     max_requests_per_app: int = DEFAULT_MAX_REQUESTS_PER_APP
     max_models_per_app: int = DEFAULT_MAX_MODELS_PER_APP
+    max_hosts_per_uid: int = DEFAULT_MAX_HOSTS_PER_UID
+    max_hosts: int = DEFAULT_MAX_HOSTS
 
     def app_cap(self, resource: Resource) -> int:
         """The per-app cap of requests or models (connections are capped per uid only)."""

@@ -150,7 +150,15 @@ class Daemon:
             max_model_file_bytes=self.limits.max_model_file_bytes,
             max_in_flight=self.limits.max_inferences_per_connection,
             stats=self.stats,
-            hosting=None if hosts is None else Hosting(hosts, service, self.post),
+            hosting=None
+            if hosts is None
+            else Hosting(
+                hosts,
+                service,
+                self.post,
+                max_hosts_per_uid=self.limits.max_hosts_per_uid,
+                max_hosts=self.limits.max_hosts,
+            ),
         )
         self._info = InfoCache(self.describe)
         self.admission = Admission(self.usage, self.stats, self._log)

@@ -32,9 +32,10 @@ PAGE = struct.Struct("<q")
 """A host's grant page: the generation its leases are valid under (the daemon bumps it to
 take every lease back); only the daemon writes it, the host maps it read-only."""
 PAGE_BYTES = 4096
-TALLY = struct.Struct("<qq")
-"""A lane's tally page, written by its host: the runs asked for on it, and how many of
-their frames were the lane's last one again (the host's word, for `info` only)."""
+TALLY = struct.Struct("<qqq")
+"""A lane's tally page, written by its host: the runs asked for on it, how many of their
+frames were the lane's last one again, and how many ran in a background band (the host's
+word, for `info` only)."""
 
 
 class Op(IntEnum):
