@@ -23,6 +23,7 @@ import pytest
 
 import npumanager as npu
 from helpers.cgroup_tree import cgroup_tree
+from helpers.checkout_access import needs_checkout_other_uids_can_enter
 from helpers.daemon_support import WAIT_S
 from npumanager.plugins.importance import desktop
 
@@ -42,6 +43,8 @@ SCRIPTS = [
 ]
 QUICK_ARGS = {"daemon_attacks": ["--attacks", "no_read"]}
 """One attack beside the quiet rounds and the control keeps the daemon benchmark short."""
+READ_AS_ANOTHER_UID = frozenset({"focus", "ipc", "ipc_inference"})
+"""Scripts whose processes read the checkout or the virtualenv after dropping to another uid."""
 DURATION = r"(?:\d+ min )?\d+ s"
 """How `_report` prints a time: `42 s`, or `1 min 42 s` (a quick run on a busy machine)."""
 PROGRESS_LINE = re.compile(rf"^[^:]+: (\d+)/(\d+) .+, {DURATION} so far(, about {DURATION} left)?$")
@@ -134,6 +137,8 @@ def quick(script: str, *extra: str) -> subprocess.CompletedProcess[str]:
         argv += QUICK_ARGS[script]
     if script in ("daemon_attacks", "channel_hog", "focus") and os.geteuid() != 0:
         pytest.skip("the apps' own uids (and focus's cgroups) need root")
+    if script in READ_AS_ANOTHER_UID:
+        needs_checkout_other_uids_can_enter()
     result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
     assert result.returncode == 0, result.stderr
     return result

@@ -308,6 +308,16 @@ def test_only_the_daemons_own_mapping_writes_the_grant_page() -> None:
         page.close()
 
 
+def test_a_closed_grant_page_holds_no_descriptor_and_a_late_revoke_is_harmless() -> None:
+    before = set(os.listdir("/proc/self/fd"))
+    page = GrantPage()
+    assert len(set(os.listdir("/proc/self/fd")) - before) == 2, "the host's and the mapping's"
+    page.close()
+    assert set(os.listdir("/proc/self/fd")) <= before, "a host's end gives both back"
+    page.revoke()  # a gate's revoke racing the host's end
+    assert page.generation == 1
+
+
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.checkout_access import needs_checkout_other_uids_can_enter
 from npumanager.apps.identity import cgroup_of_pid, v2_mount
 from npumanager.apps.registry import HAL_UID_FIRST
 
@@ -34,6 +35,7 @@ def home_folder() -> Path:
 
 
 def test_the_focus_example_prints_every_figure_and_the_importances_follow_the_focus() -> None:
+    needs_checkout_other_uids_can_enter()  # its apps start as root, then drop to their uid
     argv = [sys.executable, str(EXAMPLE), "--quick", "--json"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import npumanager as npu
+from helpers.checkout_access import needs_checkout_other_uids_can_enter
 from helpers.daemon_support import WAIT_S, DaemonProcess, open_socket_dir
 
 SCRIPT = str(Path(sys.executable).with_name("npu-manager"))
@@ -40,6 +41,8 @@ def console(
 ) -> subprocess.CompletedProcess[str]:
     """The installed console script (as uid NOBODY if `nobody`); `env` replaces the
     environment when given."""
+    if nobody:
+        needs_checkout_other_uids_can_enter(NOBODY)  # the script and its venv, read as NOBODY
     kwargs.setdefault("timeout", 120)
     return subprocess.run(
         [*(AS_NOBODY if nobody else []), SCRIPT, *argv],

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from npumanager.daemon.client import tensors as client_tensors
 from npumanager.daemon.client.shared_memory import ClientSegment, sealed_memfd
 from npumanager.daemon.server.segment import SharedSegment
 from npumanager.daemon.wire import protocol as p
@@ -87,6 +88,31 @@ def test_outputs_written_by_the_daemon_read_back_equal_or_ask_for_room(
         assert span.offset <= ref.offset and ref.offset + ref.nbytes <= span.offset + span.size
         back = tensors.view(daemon_side.memory, ref.dtype, ref.shape, ref.offset)
         assert np.array_equal(back, array) and back.dtype == array.dtype
+
+
+@pytest.mark.parametrize(
+    "output",
+    [np.array(7, dtype=np.int64), np.float32(2.5), np.array(True), np.array(3.0)[()]],
+    ids=["0-d int64", "float32 scalar", "0-d bool", "float64 scalar"],
+)
+def test_a_0d_output_is_written_described_and_read_back_with_shape_empty(output: object) -> None:
+    segment = ClientSegment(4096)
+    try:
+        daemon_end = SharedSegment(segment.fd, 4096, 4096)
+        placed = daemon_end.write_at([output, np.arange(3, dtype=np.int16)], 64, 4096 - 64)
+        assert not isinstance(placed, int)
+        scalar, vector = placed
+        assert scalar.shape == () and vector.shape == (3,)
+        wire = scalar.tensor()
+        assert wire.shape == [] and wire.nbytes == np.asarray(output).itemsize
+        assert p.Tensor.model_validate_json(scalar.json()) == wire
+        [back, _] = client_tensors.copy_out(segment, [wire, vector.tensor()])
+        assert back.shape == () and back.dtype == np.asarray(output).dtype
+        assert back == output
+        [viewed] = client_tensors.views(segment, [wire])
+        assert viewed.shape == () and viewed == output
+    finally:
+        segment.close_descriptor()
 
 
 @given(st.lists(st.tuples(st.booleans(), st.integers(1, 9000)), max_size=60))

@@ -77,12 +77,17 @@ class GrantPage:
         """The generation in force: a lease granted under another no longer holds."""
 
     def revoke(self) -> None:
-        """Take back every lease granted so far: the generation moves on."""
+        """Take back every lease granted so far: the generation moves on (nothing, once
+        the page is closed)."""
         with self._lock:
             self.generation += 1
-            PAGE.pack_into(self._memory, 0, self.generation)
+            if not self._memory.closed:
+                PAGE.pack_into(self._memory, 0, self.generation)
 
     def close(self) -> None:
-        """Close the read-only descriptor (the host has its own, or is gone)."""
+        """Close the read-only descriptor and the daemon's mapping (which holds a
+        descriptor of its own): the host has its own, or is gone."""
+        with self._lock:
+            self._memory.close()
         with contextlib.suppress(OSError):
             os.close(self.read_only)
