@@ -7,6 +7,8 @@ trips in rounds: a quiet round, then a round while one attacker process, with a 
 its own, keeps up one attack, and so on in turn, so every kind sees the same machine:
 
 * info_flood: pipelined `info` calls, 200 at a time, every reply read;
+* crowd_flood: the same flood on 16 connections of one app at once (an app's connections
+  share one slice of each turn of the loop, issue 40);
 * idle_1000: a thousand connections that said hello and say nothing more;
 * partial: connections that each hold a 1 MiB frame short of its last byte, again and
   again as the buffer budget drops them;
@@ -88,6 +90,25 @@ def info_flood(path: str, stop: Stop) -> None:
         got = 0
         while got < 200:
             got += sum(1 for _ in reader.feed(sock.recv(1 << 20)))
+
+
+CROWD = 16
+"""Connections of the crowd_flood attacker."""
+
+
+def crowd_flood(path: str, stop: Stop) -> None:
+    socks = [_connect(path) for _ in range(CROWD)]
+    calls = _frames(200, lambda i: wire.Info(seq=i))
+    readers = {sock: wire.FrameReader() for sock in socks}
+    while not stop.is_set():
+        waiting = dict.fromkeys(socks, 200)
+        for sock in socks:
+            sock.sendall(calls)
+        while waiting:
+            for sock in list(waiting):
+                waiting[sock] -= sum(1 for _ in readers[sock].feed(sock.recv(1 << 20)))
+                if waiting[sock] <= 0:
+                    del waiting[sock]
 
 
 def idle_1000(path: str, stop: Stop) -> None:
@@ -203,6 +224,7 @@ ATTACKS: dict[str, Callable[[str, Stop], None]] = {
     for f in (
         cpu_burn,
         info_flood,
+        crowd_flood,
         idle_1000,
         partial,
         no_read,

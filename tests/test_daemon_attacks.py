@@ -41,9 +41,16 @@ from helpers.daemon_support import (
 )
 from npumanager.core.service.service import Service
 from npumanager.daemon.server.server import Daemon
-from npumanager.daemon.wire.protocol import HELLO, FrameReader, Welcome, encode, parse_daemon
+from npumanager.daemon.wire.protocol import (
+    HELLO,
+    FrameReader,
+    Info,
+    Welcome,
+    encode,
+    parse_daemon,
+)
 from npumanager.schemas import ModelLoadStatus
-from npumanager.schemas.limits import LOG_BURST, OUTBOX_PAUSE_BYTES
+from npumanager.schemas.limits import FRAMES_PER_TURN, LOG_BURST, OUTBOX_PAUSE_BYTES
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="giving client processes their own uids needs root"
@@ -837,6 +844,64 @@ def test_a_clients_replies_leave_as_its_own_slice_ends(socket_dir: Path) -> None
         assert not daemon.transport.dirty
     finally:
         client.close()
+        daemon.stop()
+        daemon.serve_forever()
+        service.close()
+
+
+def _replies(client: socket.socket) -> int:
+    """How many frames the daemon has sent the client so far (read without waiting)."""
+    reader, count = FrameReader(), 0
+    while True:
+        try:
+            data = client.recv(1 << 20, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return count
+        count += sum(1 for _ in reader.feed(data))
+
+
+def test_an_app_with_many_connections_gets_one_share_of_a_turn(socket_dir: Path) -> None:
+    """Forty connections of one app, each with a pipeline of `info` calls, get one app's
+    slice of a turn of the loop between them; another app's one call is answered in the
+    same turn."""
+    import dataclasses
+
+    service = Service("vnpu", "budget")
+    daemon = Daemon(service, socket_dir / "npu.sock")
+    daemon.bind()
+    clients = []
+    try:
+        for _ in range(41):
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.connect(str(daemon.socket_path))
+            clients.append(client)
+        assert daemon._binding is not None
+        while daemon.stats.accepted < len(clients):
+            daemon._accept(daemon._binding.listener, 0)
+        connections = sorted(daemon.transport.connections.values(), key=lambda c: c.fd)
+        for client, connection in zip(clients, connections, strict=True):
+            client.sendall(encode(HELLO))
+            daemon.transport.shares.new_turn()  # a turn each: all are one app's until hello
+            daemon.transport.io(connection.sock, selectors.EVENT_READ)
+            assert _replies(client) == 1, "welcomed"
+        daemon._loop_turn()  # nothing more buffered: out of the backlog, read again
+        *crowd, other = connections
+        assert other.app is not None
+        other.app = dataclasses.replace(other.app, app_id="org.example.Other")
+        pipeline = b"".join(encode(Info(seq=i)) for i in range(100))
+        for client in clients[:-1]:
+            client.sendall(pipeline)
+        clients[-1].sendall(encode(Info(seq=1)))
+        daemon._loop_turn()
+        answered = [_replies(client) for client in clients]
+        assert answered[-1] == 1, "the other app's call is answered in the same turn"
+        assert 0 < sum(answered[:-1]) <= FRAMES_PER_TURN, answered
+        for _ in range(3):
+            daemon._loop_turn()
+        assert sum(_replies(client) for client in clients[:-1]) > 0, "the crowd goes on"
+    finally:
+        for client in clients:
+            client.close()
         daemon.stop()
         daemon.serve_forever()
         service.close()

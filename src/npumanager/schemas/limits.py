@@ -241,9 +241,9 @@ DEFAULT_IDLE_TIMEOUT_S: Final = 0.0
 MANAGEMENT_RESERVE_FDS: Final = 32
 """Descriptors the daemon keeps free for management connections when it is full."""
 FRAMES_PER_TURN: Final = 32
-"""Frames the daemon handles for one connection before it serves the others."""
+"""Frames the daemon handles for one app, across its connections, in a turn of its loop."""
 TURN_SLICE_S: Final = 0.00005
-"""Time the daemon spends on one connection's frames before it serves the others."""
+"""Time the daemon spends on one app's frames, across its connections, in a turn of its loop."""
 OUTBOX_PAUSE_BYTES: Final = 256 << 10
 """A client with this much unread is not served more until it reads (backpressure)."""
 INFO_SNAPSHOT_TTL_S: Final = 0.25
@@ -356,3 +356,8 @@ CAP_SYS_RESOURCE: Final = 24
 """The capability bit that lets a process create PSI triggers of any window."""
 MAX_HEALTH_FILE_BYTES: Final = 64 << 10
 """The most of one sysfs or procfs file the health sources read: every one they read is small."""
+RUN_GRANT_TIMEOUT_S: Final = 30.0
+"""How long a program under `npu-manager run` waits for its model's CAN_LOAD_NOW before the
+session's creation fails (``npu-manager run --timeout``)."""
+RUN_TERMINATE_POLL_S: Final = 0.01
+"""How often a managed run given `RunOptions` looks at their ``terminate`` flag."""

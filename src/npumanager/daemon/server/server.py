@@ -219,6 +219,7 @@ class Daemon:
         """One turn of the loop (on the thread leading it); False once it is to stop."""
         if self._stopping:
             return False
+        self.transport.shares.new_turn()
         for key, mask in self._selector.select(0 if self.transport.backlog else self._timeout()):
             key.data(key.fileobj, mask)
         self.transport.serve_backlog()

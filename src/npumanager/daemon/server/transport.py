@@ -1,8 +1,9 @@
 """Moving bytes for every client: reading in slices, writing, backpressure, the budget.
 
-The loop (`server.Daemon`) hands readable and writable sockets here. Each connection's
-frames are handled a slice at a time, so a pipeline cannot hold up the others, and the
-replies of a slice leave as it ends, before the next connection's slice; a client
+The loop (`server.Daemon`) hands readable and writable sockets here. Each app's frames
+are handled a slice a turn, however many connections it has (`shares.LoopShares`), so a
+pipeline or a crowd of connections cannot hold up the others, and the replies of a slice
+leave as it ends, before the next connection's slice; a client
 that leaves `OUTBOX_PAUSE_BYTES` unread is not read again until it drains; the bytes
 buffered for all clients stay within the daemon-wide budget, dropping the connection
 that holds the most when they would not.
@@ -25,16 +26,15 @@ from npumanager.daemon.server.frames import FrameHandler, clip
 from npumanager.daemon.server.info import InfoCache
 from npumanager.daemon.server.quotas import DaemonLimits, UidUsage
 from npumanager.daemon.server.ratelog import RateLimitedLog
+from npumanager.daemon.server.shares import LoopShares, share_key
 from npumanager.daemon.server.stats import DaemonStats
 from npumanager.daemon.wire import protocol as p
 from npumanager.daemon.wire.connection import NEED_DATA
 from npumanager.schemas.limits import (
-    FRAMES_PER_TURN,
     MAX_OUTBOX_BYTES,
     MAX_PENDING_DESCRIPTORS,
     OUTBOX_PAUSE_BYTES,
     SHUTDOWN_FLUSH_S,
-    TURN_SLICE_S,
 )
 
 log = logging.getLogger("npumanager.daemon.server.server")
@@ -76,7 +76,9 @@ class Transport:
         self._on_drop = on_drop
         self.connections: dict[int, Connection] = {}
         self.dirty: set[Connection] = set()
-        self.backlog: set[Connection] = set()
+        self.backlog: dict[Connection, None] = {}
+        """Connections with frames waiting their turn, the longest waiting first."""
+        self.shares = LoopShares()
         self.buffered = 0
         """Bytes buffered for all clients: partial frames and unsent replies."""
         self.freed = 0
@@ -184,17 +186,23 @@ class Transport:
         return True
 
     def handle_frames(self, connection: Connection) -> None:
-        """Handle the connection's frames for one slice of the loop; the rest wait a turn.
+        """Handle the connection's frames within what is left of its app's slice of this
+        turn; the rest wait a turn.
 
-        A slice ends after `FRAMES_PER_TURN` frames or `TURN_SLICE_S`, so one client's
-        pipeline cannot hold up the others, and its replies are written then; a client
-        that leaves `OUTBOX_PAUSE_BYTES` unread gets nothing more handled until it reads.
+        An app's slice, across all its connections, ends after `FRAMES_PER_TURN` frames or
+        `TURN_SLICE_S`, so no client's pipeline, nor one app's many connections, can hold
+        up the others; the replies are written then. A client that leaves
+        `OUTBOX_PAUSE_BYTES` unread gets nothing more handled until it reads.
         """
-        self.backlog.discard(connection)
+        self.backlog.pop(connection, None)
+        key = share_key(connection)
+        frames, seconds = self.shares.left(key)
         wire = connection.wire
-        ends = time.perf_counter() + TURN_SLICE_S
+        started = time.perf_counter()
+        ends = started + seconds
+        handled = 0
         try:
-            for _ in range(FRAMES_PER_TURN):
+            while handled < frames and time.perf_counter() < ends:
                 if connection.closed:
                     return
                 if len(connection.outbox) >= OUTBOX_PAUSE_BYTES:
@@ -205,14 +213,14 @@ class Transport:
                 if event is NEED_DATA:
                     return
                 self.buffered -= before - wire.pending
+                handled += 1
                 self.frames.handle(connection, event)
-                if time.perf_counter() >= ends:
-                    break
             if not connection.closed:
-                self.backlog.add(connection)
+                self.backlog[connection] = None
         except p.ProtocolError as exc:
             self.fatal(connection, str(exc))
         finally:
+            self.shares.charge(key, handled, time.perf_counter() - started)
             if connection in self.dirty:  # its replies leave now, not after the others' slices
                 self.dirty.discard(connection)
                 self.write(connection)
@@ -252,7 +260,7 @@ class Transport:
             return
         if connection.paused and len(outbox) < OUTBOX_PAUSE_BYTES // 2:
             connection.paused = False
-            self.backlog.add(connection)  # frames it sent meanwhile are still buffered
+            self.backlog[connection] = None  # frames it sent meanwhile are still buffered
         events = (0 if connection.paused else selectors.EVENT_READ) | (
             selectors.EVENT_WRITE if outbox else 0
         )
@@ -276,7 +284,7 @@ class Transport:
         with connection.write_lock:  # no worker thread is sending on it after this
             connection.closed = True
         self.dirty.discard(connection)
-        self.backlog.discard(connection)
+        self.backlog.pop(connection, None)
         self._on_drop(connection)
         self.connections.pop(connection.fd, None)
         with contextlib.suppress(KeyError, ValueError):
