@@ -21,6 +21,7 @@ from npumanager import __version__
 from npumanager.cli import simulation as simulation_commands
 from npumanager.cli.daemon import register as register_daemon_commands
 from npumanager.cli.health import add_health
+from npumanager.cli.run import register as register_run
 from npumanager.cli.tables import format_table
 from npumanager.core.plugins.config import LoadedConfig, load_config
 from npumanager.core.plugins.registry import PluginRegistry, Registration, load_plugins
@@ -323,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_health(add)
     register_daemon_commands(add)
+    register_run(add)
     return parser
 
 
