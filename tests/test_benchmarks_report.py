@@ -34,6 +34,7 @@ SCRIPTS = [
     "daemon_attacks",
     "data_plane",
     "fairness",
+    "fairness_daemon",
     "focus",
     "hops",
     "ipc",
@@ -43,7 +44,7 @@ SCRIPTS = [
 ]
 QUICK_ARGS = {"daemon_attacks": ["--attacks", "no_read"]}
 """One attack beside the quiet rounds and the control keeps the daemon benchmark short."""
-READ_AS_ANOTHER_UID = frozenset({"focus", "ipc", "ipc_inference"})
+READ_AS_ANOTHER_UID = frozenset({"fairness_daemon", "focus", "ipc", "ipc_inference"})
 """Scripts whose processes read the checkout or the virtualenv after dropping to another uid."""
 DURATION = r"(?:\d+ min )?\d+ s"
 """How `_report` prints a time: `42 s`, or `1 min 42 s` (a quick run on a busy machine)."""
@@ -135,7 +136,10 @@ def quick(script: str, *extra: str) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, str(BENCHMARKS / f"{script}.py"), "--quick", *extra]
     if script in QUICK_ARGS:
         argv += QUICK_ARGS[script]
-    if script in ("daemon_attacks", "channel_hog", "focus") and os.geteuid() != 0:
+    if (
+        script in ("daemon_attacks", "channel_hog", "fairness_daemon", "focus")
+        and os.geteuid() != 0
+    ):
         pytest.skip("the apps' own uids (and focus's cgroups) need root")
     if script in READ_AS_ANOTHER_UID:
         needs_checkout_other_uids_can_enter()
