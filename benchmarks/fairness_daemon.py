@@ -4,7 +4,8 @@ same workloads in process, in one run.
 `benchmarks/fairness.py` measures the device scheduler in virtual time on vnpu. Here two
 of its workloads run for real on `onnxruntime` with one channel (`channels=1`, so the two
 apps contend), each app a closed loop of `LoadedModel.run` on the chain of MatMuls
-(`realexec.chain`, `ROWS` rows, a few milliseconds a run):
+(`realexec.chain`, `ROWS` rows, a few milliseconds a run; the driver's background workers
+at the normal OS priority, `DRIVER_OPTIONS`):
 
 * deep_queues: two foreground apps, two loops each: fair share gives each half;
 * background_floor: a foreground app with two loops against a cached app with one: the
@@ -48,6 +49,10 @@ SOCKET_GID = 20000
 WARM_S = 0.5
 """Runs before the window opens (hosts started, caches warm)."""
 TOLERANCE = 0.05
+DRIVER_OPTIONS = {"channels": 1, "background_idle": False}
+"""One channel, so the apps contend; background workers at the normal OS priority, so the
+figures are the device scheduler's shares, not how much CPU a `SCHED_IDLE` thread gets
+beside whatever else runs on the machine (in process and through the daemon alike)."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,7 @@ def _window(go: Any, stop: Any, seconds: float) -> None:
 
 def in_process(apps: tuple[App, ...], seconds: float) -> dict[str, int]:
     """Each app's runs in the window, both apps in one `Service`."""
-    service = npu.Service("onnxruntime", driver_options={"channels": 1})
+    service = npu.Service("onnxruntime", driver_options=DRIVER_OPTIONS)
     go, stop = threading.Event(), threading.Event()
     counts = {app.name: [[0] for _ in range(app.loops)] for app in apps}
     threads = []
@@ -158,7 +163,8 @@ def through_daemon(
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o755)
         path = Path(tmp) / "npu.sock"
-        command = [*SERVE, "--driver", "onnxruntime", "--driver-option", "channels=1", *serve_args]
+        options = [f"--driver-option={key}={value}" for key, value in DRIVER_OPTIONS.items()]
+        command = [*SERVE, "--driver", "onnxruntime", *options, *serve_args]
         daemon = subprocess.Popen(
             [*command, "--socket", str(path), "--socket-group", str(SOCKET_GID)],
             stderr=subprocess.DEVNULL,

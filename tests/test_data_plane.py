@@ -193,7 +193,9 @@ def test_a_host_that_runs_without_its_grants_is_throttled_then_killed(served: An
     model = loaded(setup.client)
     audit = setup.daemon.inference.hosting.audit
     run_until(model, lambda: audit.killed > 0)  # the run in flight then may fail either way
-    assert audit.throttled == AUDIT_STRIKES - 1, "stopped at each strike before the last"
+    # Stopped at each strike before the last; on a busy machine a period within its grants
+    # forgives one, and it is stopped again before the strikes add up.
+    assert audit.throttled >= AUDIT_STRIKES - 1
     wait_for(lambda: bool(revoked(setup)))
     assert revoked(setup) == [UnloadReason.OVER_GRANT]
     with pytest.raises(npu.ModelHostError, match="more CPU time than the daemon granted"):
