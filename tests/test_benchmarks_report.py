@@ -40,11 +40,12 @@ SCRIPTS = [
     "ipc",
     "ipc_inference",
     "telemetry",
+    "unmodified",
     "vnpu_throughput",
 ]
 QUICK_ARGS = {"daemon_attacks": ["--attacks", "no_read"]}
 """One attack beside the quiet rounds and the control keeps the daemon benchmark short."""
-READ_AS_ANOTHER_UID = frozenset({"fairness_daemon", "focus", "ipc", "ipc_inference"})
+READ_AS_ANOTHER_UID = frozenset({"fairness_daemon", "focus", "ipc", "ipc_inference", "unmodified"})
 """Scripts whose processes read the checkout or the virtualenv after dropping to another uid."""
 DURATION = r"(?:\d+ min )?\d+ s"
 """How `_report` prints a time: `42 s`, or `1 min 42 s` (a quick run on a busy machine)."""

@@ -174,7 +174,7 @@ and one of them must not take the whole uid's share."""
 DEFAULT_MAX_MODELS_PER_APP: Final = DEFAULT_MAX_MODELS_PER_UID // 4
 """Models one app (found by its cgroup) may hold loaded."""
 DEFAULT_MAX_HOSTS_PER_UID: Final = 8
-"""Model hosts one real uid may have at once (one per app: `daemon.server.hosting`); each
+"""Model hosts one real uid may have at once (one per app: ``daemon.server.hosting``); each
 holds a runtime, about 90-100 MiB resident before any model."""
 DEFAULT_MAX_HOSTS: Final = 128
 """Model hosts the daemon runs at once, over every uid."""
@@ -202,7 +202,7 @@ LEASE_IDLE_US: Final = 200
 gives the lease back, so that an idle lease does not keep the device from others."""
 AUDIT_PERIOD_S: Final = 0.5
 """How often the daemon reads each model host's CPU time from the kernel and holds it to
-the host's grants (`daemon.server.audit`)."""
+the host's grants (``daemon.server.audit``)."""
 AUDIT_ALLOWANCE: Final = 0.25
 """The share of one CPU a model host may use outside its grants (its own upkeep)."""
 AUDIT_STRIKES: Final = 3
@@ -357,7 +357,7 @@ CAP_SYS_RESOURCE: Final = 24
 MAX_HEALTH_FILE_BYTES: Final = 64 << 10
 """The most of one sysfs or procfs file the health sources read: every one they read is small."""
 RUN_GRANT_TIMEOUT_S: Final = 30.0
-"""How long a program under `npu-manager run` waits for its model's CAN_LOAD_NOW before the
+"""How long a program under ``npu-manager run`` waits for its model's CAN_LOAD_NOW before the
 session's creation fails (``npu-manager run --timeout``)."""
 RUN_TERMINATE_POLL_S: Final = 0.01
-"""How often a managed run given `RunOptions` looks at their ``terminate`` flag."""
+"""How often a managed run given ``RunOptions`` looks at their ``terminate`` flag."""

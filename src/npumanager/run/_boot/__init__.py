@@ -1,0 +1,1 @@
+"""The folder `npu-manager run` puts first on a program's PYTHONPATH."""

@@ -1,0 +1,1 @@
+"""A stand-in for a third-party package that runs ONNX models (its import is deep inside)."""
