@@ -44,10 +44,10 @@ BACKGROUND_JOB_PRIORITY = 900
 foreground's."""
 
 
-def serve(directory: Path) -> tuple[subprocess.Popen[bytes], Path]:
-    """`npu-manager serve --driver onnxruntime` on a socket in `directory`."""
+def serve(directory: Path, extra: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
+    """`npu-manager serve --driver onnxruntime` (and `extra`) on a socket in `directory`."""
     path = directory / "npu.sock"
-    command = [sys.executable, "-m", "npumanager", "serve", "--driver", "onnxruntime"]
+    command = [sys.executable, "-m", "npumanager", "serve", "--driver", "onnxruntime", *extra]
     command += ["--socket", str(path), "--log-level", "warning"]
     if os.geteuid() == 0:
         command += ["--socket-group", str(SOCKET_GID)]
@@ -100,11 +100,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def summary(seconds: float, rounds: int = 3) -> dict[str, Any]:
+def summary(seconds: float, rounds: int = 3, serve_args: list[str] | None = None) -> dict[str, Any]:
     """Every kind of run `rounds` times, and the figures of their pooled frames."""
     runs: dict[str, list[dict[str, dict[str, Any]]]] = {"solo": [], "managed": [], "direct": []}
     with tempfile.TemporaryDirectory() as tmp:
-        daemon, socket = serve(Path(tmp))
+        daemon, socket = serve(Path(tmp), serve_args or [])
         try:
             for _ in range(rounds):
                 runs["solo"].append(run(["foreground"], socket, seconds))
@@ -150,10 +150,18 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each run")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each kind, pooled")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for the daemon (repeatable), e.g. "
+        "--serve-arg=--driver-option=background_idle=false",
+    )
     args = parser.parse_args()
     if args.seconds <= 0 or args.rounds < 1:
         parser.error("--seconds must be above 0 and --rounds at least 1")
-    figures = summary(args.seconds, args.rounds)
+    figures = summary(args.seconds, args.rounds, args.serve_arg)
     if args.json:
         print(json.dumps(figures))
         return
