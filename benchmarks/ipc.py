@@ -332,6 +332,7 @@ def measure(
     infer_samples: int,
     seconds: float,
     example_rounds: int = 3,
+    quick: bool = False,
 ) -> dict[str, Any]:
     """Latency rounds, the death trials and real inference; medians of the per-round p50
     and p99."""
@@ -352,7 +353,7 @@ def measure(
     progress.step(f"inference through the daemon vs in process, {rounds} rounds")
     inference = ipc_inference.overhead(infer_samples, rounds)
     progress.step(f"the two-process example, {example_rounds} rounds of 3 runs of {seconds:g} s")
-    inference |= ipc_inference.two_processes(seconds, example_rounds)
+    inference |= ipc_inference.two_processes(seconds, example_rounds, quick=quick)
     progress.done()
 
     def med(name: str, index: int) -> float:
@@ -407,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         args.infer_samples,
         args.seconds,
         args.example_rounds,
+        quick=args.quick,
     )
     print_report(result, TARGETS, as_json=args.json)
     return 0
