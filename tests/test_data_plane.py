@@ -188,6 +188,29 @@ def run_until(model: Any, done: Any) -> BaseException | None:
     return None
 
 
+def test_a_leased_run_that_outlasts_its_lease_is_granted_until_it_ends(served: Any) -> None:
+    """A run started under a `GO` with a lease keeps its grant until the host says it is
+    done, however long past the lease's deadline it takes: the grant time the audit holds
+    the host to covers it (it once closed at the deadline and `LEASE_OVERRUN_S`, and an
+    honest host with a long run was killed), and the lease is taken back meanwhile."""
+    setup = served(lease_us=2000)
+    model = loaded(setup.client)
+    host = the_host(setup)
+    big = np.full((16384, 256), 0.25, np.float32)  # far more than 0.1 s of one core
+    model.run({"x": X})
+    wait_for(lambda: host.grants.open == 0)  # the first lease given back
+    before, generation = host.grants.total_ns(), host.page.generation
+    started = time.monotonic_ns()
+    model.run({"x": big})
+    took = time.monotonic_ns() - started
+    wait_for(lambda: host.grants.open == 0)
+    granted = host.grants.total_ns() - before
+    assert took > 2e8, "the premise: a run far longer than the lease and its overrun"
+    assert granted >= took / 2, (granted, took)
+    assert host.page.generation > generation, "the overrun lease was taken back"
+    assert setup.daemon.inference.hosting.audit.killed == 0
+
+
 def test_a_host_that_runs_without_its_grants_is_throttled_then_killed(served: Any) -> None:
     setup = served(lease_us=0, command=(sys.executable, str(LYING_HOST)))
     model = loaded(setup.client)

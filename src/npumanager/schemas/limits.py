@@ -211,7 +211,7 @@ THROTTLE_S: Final = 0.5
 """How long a model host over its grants is stopped (SIGSTOP) before it may go on."""
 LEASE_OVERRUN_S: Final = 0.1
 """How long past its deadline a lease may go before the daemon takes it back and frees its
-channel (the run it started last may still be ending)."""
+channel (the run in progress keeps its grant, for the audit, until the host speaks again)."""
 DEFAULT_MAX_INFERENCES_PER_CONNECTION: Final = 256
 """Inferences one daemon connection may have in flight (with the per-uid connection cap,
 one uid cannot fill the driver's live work)."""

@@ -11,8 +11,10 @@ up to `lease_us`: the host runs further requests of the same model and priority 
 asking, until the lease's deadline, until the host gives it back, or until the daemon takes
 it back by moving the host's grant page on (a cancel, an unload, room made for more
 important work). A lease not given back `LEASE_OVERRUN_S` past its deadline is taken back
-and its channel freed; what the host computes after that is counted against it by the
-kernel (`daemon.server.audit`), never by its word.
+and its channel freed; its grant, for the audit, stays open until the host speaks again
+(the `DONE` of the run it was in, or its next ask): a single run may outlast a lease. What
+the host computes beyond its grants is counted against it by the kernel
+(`daemon.server.audit`), never by its word.
 """
 
 from __future__ import annotations
@@ -91,6 +93,8 @@ class Gate(Served):
         self._granting = threading.Condition()
         self._granted = False
         """True while a thread that runs a grant reads the gate (for the host's `DONE`)."""
+        self._overran = False
+        """A lease overran: its grant stays open until the host's next frame."""
         self._buffer = bytearray(gate.MAX_GATE_FRAME_BYTES)
         stats.tallied(self)
 
@@ -122,6 +126,7 @@ class Gate(Served):
                 frame = self._receive(None)
                 if frame is None:
                     return
+                self._close_overrun()
                 if frame.op == Op.DONE:
                     continue  # a grant that ended here already (its lease overran)
                 if frame.op != Op.ASK:
@@ -138,8 +143,15 @@ class Gate(Served):
             self._stats.internal_errors += 1
             INTERNAL.internal_error("a gate of uid %d raised", self._uid, exc=exc)
         finally:
+            self._close_overrun()
             self._sock.close()
             self._stats.retire(self)
+
+    def _close_overrun(self) -> None:
+        """The host spoke again (or is gone) after its lease overran: that grant ends."""
+        if self._overran:
+            self._overran = False
+            self._host.grants.closed()
 
     def _ask(self, frame: gate.Frame) -> None:
         """Submit the run the host asks for, and wait until it ends; tell the host how it
@@ -218,7 +230,8 @@ class Gate(Served):
             )
             return self._done(seq, until)
         finally:
-            host.grants.closed()
+            if not self._overran:
+                host.grants.closed()
             with self._granting:
                 self._granted = False
                 self._granting.notify_all()
@@ -235,6 +248,7 @@ class Gate(Served):
                 if not until:
                     raise ModelHostError(f"the model host {self._host.ending()}")
                 self._host.page.revoke()  # overran its lease: taken back
+                self._overran = True  # the run it is in keeps its grant until it speaks
                 return []
             if frame.op != Op.DONE:
                 self._host.kill()
