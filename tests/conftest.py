@@ -374,7 +374,10 @@ def model_file(socket_dir: Path) -> Path:
 
 @pytest.fixture
 def start_onnxruntime(daemon: Daemons) -> Iterator[Callable[..., DaemonProcess]]:
-    """Start `serve --driver onnxruntime` daemons whose socket group lets the test uids in.
+    """Start `serve --driver onnxruntime` daemons whose socket group lets the test uids in,
+    their driver's background workers at the normal OS priority (under `SCHED_IDLE`, beside
+    busy programs, a worker holding the daemon's GIL can stall every thread of it for
+    minutes; no test of these checks the OS priority).
 
     The apps of `helpers.real_daemon.app` are closed first; no daemon may log a traceback.
     """
@@ -382,7 +385,10 @@ def start_onnxruntime(daemon: Daemons) -> Iterator[Callable[..., DaemonProcess]]
     children: list[Child] = []
 
     def start(*args: str) -> DaemonProcess:
-        process = daemon("--socket-group", str(SOCKET_GID), "--driver", "onnxruntime", *args)
+        normal = ("--driver-option", "background_idle=false")
+        process = daemon(
+            "--socket-group", str(SOCKET_GID), "--driver", "onnxruntime", *normal, *args
+        )
         process.children = children  # type: ignore[attr-defined]
         started.append(process)
         return process
