@@ -31,7 +31,7 @@ import numpy as np
 import onnxruntime as ort
 
 HEADER = struct.Struct("<qqq")
-"""offset, rows, output offset."""
+"""offset, rows (the answer: the output's float count), output offset."""
 SEGMENT_BYTES = 4 << 20
 OUT_AT = 3 << 20
 WIDTH = 256
@@ -81,8 +81,8 @@ class BareRoundTrip:
         rows = x.shape[0]
         np.copyto(np.frombuffer(self.memory, np.float32, x.size, 0).reshape(x.shape), x)
         self.sock.send(HEADER.pack(0, rows, OUT_AT))
-        _, rows, at = HEADER.unpack(self.sock.recv(HEADER.size))
-        return np.frombuffer(self.memory, np.float32, rows, at).copy()
+        _, count, at = HEADER.unpack(self.sock.recv(HEADER.size))
+        return np.frombuffer(self.memory, np.float32, count, at).copy()
 
     def close(self) -> None:
         self.sock.close()
@@ -100,8 +100,8 @@ def _serve(sock_fd: int, memory_fd: int) -> None:
         offset, rows, at = HEADER.unpack(header)
         x = np.frombuffer(memory, np.float32, rows * WIDTH, offset).reshape(rows, WIDTH)
         y: Any = run(None, {"x": x})[0]
-        np.frombuffer(memory, np.float32, rows, at)[:] = y
-        sock.send(HEADER.pack(0, rows, at))
+        np.frombuffer(memory, np.float32, y.size, at)[:] = y.ravel()
+        sock.send(HEADER.pack(0, y.size, at))
 
 
 def _relay(up_fd: int, down_fd: int) -> None:

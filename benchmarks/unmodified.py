@@ -14,6 +14,7 @@
 Each app is this script run with `--worker`, under `npu-manager run` or plainly.
 
 python benchmarks/unmodified.py [--json] [--quick] [--calls N] [--rounds R]
+       [--serve-arg=ARG ...]
 """
 
 from __future__ import annotations
@@ -192,7 +193,7 @@ def beside_flood(socket: Path | None, calls: int, model: Path) -> list[float]:
         flood.wait(120)
 
 
-def _serve(folder: Path) -> tuple[subprocess.Popen[bytes], Path]:
+def _serve(folder: Path, serve_args: tuple[str, ...]) -> tuple[subprocess.Popen[bytes], Path]:
     import npumanager as npu
 
     socket = folder / "npu.sock"
@@ -207,6 +208,7 @@ def _serve(folder: Path) -> tuple[subprocess.Popen[bytes], Path]:
             str(SOCKET_GID),
             "--log-level",
             "warning",
+            *serve_args,
         ],
     )
     deadline = time.monotonic() + 60
@@ -220,7 +222,9 @@ def _serve(folder: Path) -> tuple[subprocess.Popen[bytes], Path]:
     return daemon, socket
 
 
-def measure(calls: int, rounds: int, progress: Progress) -> dict[str, Any]:
+def measure(
+    calls: int, rounds: int, progress: Progress, serve_args: tuple[str, ...] = ()
+) -> dict[str, Any]:
     from npumanager.vendor_drivers.realexec.chain import chain_model
 
     pooled: dict[str, list[float]] = {
@@ -232,7 +236,7 @@ def measure(calls: int, rounds: int, progress: Progress) -> dict[str, Any]:
         model = folder / "flood.onnx"
         model.write_bytes(chain_model())
         model.chmod(0o644)
-        daemon, socket = _serve(folder)
+        daemon, socket = _serve(folder, serve_args)
         try:
             for round_ in range(rounds):
                 progress.step(f"round {round_ + 1}: alone")
@@ -248,6 +252,7 @@ def measure(calls: int, rounds: int, progress: Progress) -> dict[str, Any]:
     return {
         "calls": calls,
         "rounds": rounds,
+        "serve_args": " ".join(serve_args) or "(the defaults)",
         "as_root": os.getuid() == 0,
         "magika": {"plain": figures["plain"], "managed": figures["managed"]},
         "beside_flood": {"unmanaged": figures["unmanaged_fg"], "managed": figures["managed_fg"]},
@@ -265,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short, noisy run")
     parser.add_argument("--calls", type=int, default=600, help="Magika calls per run")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of each kind")
+    parser.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        help="one more argument for `npu-manager serve` (repeatable): --serve-arg=--lease-us=0",
+    )
     parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -276,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     calls, rounds = (30, 1) if args.quick else (args.calls, args.rounds)
     progress = Progress("unmodified", rounds * 2)
-    result = measure(calls, rounds, progress)
+    result = measure(calls, rounds, progress, tuple(args.serve_arg))
     progress.done()
     print_report(result, TARGETS, as_json=args.json)
     return 0
