@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from npumanager.errors import IllegalArgumentError, UnknownDeviceError
 from npumanager.schemas import NpuUuid
-from npumanager.schemas.limits import INT32_MAX
+from npumanager.schemas.limits import INT32_MAX, MAX_INTRA_OP_THREADS
 
 GroupId = NpuUuid | uuid.UUID | bytes | str
 """The forms a work item's group id may be given in."""
@@ -33,6 +33,19 @@ def check_int(name: str, value: Any, low: int, high: int) -> int:
     if not low <= number <= high:
         raise IllegalArgumentError(f"{name} must be within {low}..{high}; got {number}")
     return number
+
+
+def check_threads(threads: Any) -> int | None:
+    """A model's ``threads`` as a load takes it: None (the driver's setting), 0 (one per
+    CPU) or a count up to ``MAX_INTRA_OP_THREADS``."""
+    if threads is None:
+        return None
+    if type(threads) is not int or not 0 <= threads <= MAX_INTRA_OP_THREADS:
+        raise IllegalArgumentError(
+            f"threads must be None (the driver's setting), 0 (one per CPU) or 1.."
+            f"{MAX_INTRA_OP_THREADS}; got {threads!r}"
+        )
+    return threads
 
 
 def check_device(device: Any, count: int) -> int:

@@ -108,10 +108,12 @@ def run_real(app: App, command: dict[str, Any]) -> tuple[bool, Any]:
     op = command["op"]
     if op == "real_load":
         request = _request(command)
+        threads = command.get("threads")
         if command.get("as_bytes"):  # the file's bytes, not its path: no sidecar travels
-            model = app.manager.load_model(request, model=Path(command["path"]).read_bytes())
+            data = Path(command["path"]).read_bytes()
+            model = app.manager.load_model(request, model=data, threads=threads)
         else:
-            model = app.manager.load_model(request, path=command["path"])
+            model = app.manager.load_model(request, path=command["path"], threads=threads)
         app.manager.listener.notify_model_loaded(request)
         app.models[request.id] = model
         return True, {"model": model.handle, "weight_bytes": model.weight_bytes}

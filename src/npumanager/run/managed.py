@@ -172,9 +172,18 @@ class ManagedModel:
     """A model under the manager: `run` loads it when it is not loaded, then runs it in the
     app's model host; an unload request gives it back as soon as no run uses it."""
 
-    def __init__(self, source: Source, settings: Settings, manager: npu.NpuManager) -> None:
+    def __init__(
+        self,
+        source: Source,
+        settings: Settings,
+        manager: npu.NpuManager,
+        threads: int | None = None,
+    ) -> None:
         self.source = source
         self.settings = settings
+        self.threads = threads
+        """The threads the program asked its runtime to run the model on (0: the runtime's
+        default, one per CPU), asked of the manager at each load."""
         self.loads = 0
         """How many times the model was loaded (1 + each reload after an unload)."""
         self._pid = os.getpid()
@@ -321,7 +330,9 @@ class ManagedModel:
         try:
             manager.request_can_load_model(request, grant)
             grant.wait(request, self.settings.timeout_s)
-            model = manager.load_model(request, model=self.source.data, path=self.source.path)
+            model = manager.load_model(
+                request, model=self.source.data, path=self.source.path, threads=self.threads
+            )
             manager.listener.notify_model_loaded(request)
         except DaemonUnavailableError:
             PROCESS.lost(manager)

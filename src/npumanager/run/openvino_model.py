@@ -22,6 +22,7 @@ from npumanager.errors import NpuManagerError
 from npumanager.run._boot.npumanager_run_boot import WARNING_PREFIX
 from npumanager.run.managed import PROCESS, ManagedModel, Source
 from npumanager.run.settings import Settings
+from npumanager.schemas.limits import MAX_INTRA_OP_THREADS
 
 _PATH_ATTRIBUTE = "_npu_manager_path"
 
@@ -42,6 +43,16 @@ def _source(path: Path) -> Source:
     if path.suffix == ".xml" and weights.is_file():
         nbytes += weights.stat().st_size
     return Source(path=path, data=None, nbytes=nbytes)
+
+
+def _threads_of(config: Any) -> int:
+    """The threads a compile's config asks (``INFERENCE_NUM_THREADS``; 0, OpenVINO's default:
+    one per CPU)."""
+    try:
+        threads = int((config or {}).get("INFERENCE_NUM_THREADS", 0))
+    except (AttributeError, TypeError, ValueError):
+        return 0
+    return min(threads, MAX_INTRA_OP_THREADS) if threads > 0 else 0
 
 
 def _name(port: Any) -> str:
@@ -269,7 +280,7 @@ def manage_core(module: ModuleType, settings: Settings) -> None:
         source = _source(path)
         read = model if not isinstance(model, str | os.PathLike) else original_read(self, model)
         with _as_runtime_errors():
-            managed = ManagedModel(source, settings, manager)
+            managed = ManagedModel(source, settings, manager, threads=_threads_of(config))
         return ManagedCompiledModel(read, managed)
 
     read_model.__doc__ = original_read.__doc__

@@ -30,7 +30,7 @@ from npumanager.run.managed import (
 from npumanager.run.ort_inputs import Signature, check_feed, runtime_error, signature
 from npumanager.run.ort_iobinding import ManagedIOBinding
 from npumanager.run.settings import Settings
-from npumanager.schemas.limits import RUN_TERMINATE_POLL_S
+from npumanager.schemas.limits import MAX_INTRA_OP_THREADS, RUN_TERMINATE_POLL_S
 
 _TERMINATED = "Exiting due to terminate flag being set to true."
 
@@ -152,7 +152,12 @@ def managed_session_class(ort: ModuleType, settings: Settings) -> type:
             self._signature: Signature = signature(proto)
             del proto
             with translated(errors):
-                self._npu_model = ManagedModel(source, settings, self.__dict__.pop("_npu_manager"))
+                self._npu_model = ManagedModel(
+                    source,
+                    settings,
+                    self.__dict__.pop("_npu_manager"),
+                    threads=_threads_of(self._sess_options),
+                )
             weakref.finalize(self, self._npu_model.close).atexit = False
 
         # What the model is ----------------------------------------------------------------
@@ -273,6 +278,12 @@ def managed_session_class(ort: ModuleType, settings: Settings) -> type:
     InferenceSession.__module__ = original.__module__
     InferenceSession.__qualname__ = original.__qualname__
     return InferenceSession
+
+
+def _threads_of(options: Any) -> int:
+    """The intra-op threads a session's options ask (0, the runtime's default: one per CPU)."""
+    threads = getattr(options, "intra_op_num_threads", 0)
+    return min(threads, MAX_INTRA_OP_THREADS) if type(threads) is int and threads > 0 else 0
 
 
 def _result(future: Any, timeout: float | None) -> list[Any]:

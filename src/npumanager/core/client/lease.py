@@ -80,6 +80,7 @@ class Holder(Protocol[Model_co]):
         sram_bytes: int = 0,
         model: Any = None,
         path: Any = None,
+        threads: int | None = None,
     ) -> Model_co:
         """Put the granted request's model into driver memory."""
 
@@ -175,11 +176,18 @@ class _LeaseBase(Generic[Model]):
         sram_bytes: int = 0,
         model: Any = None,
         path: Any = None,
+        threads: int | None = None,
     ) -> Model:
         """Load the model into driver memory and report it loaded: ``weight_bytes`` on a
-        simulated driver, the model itself (``model=`` or ``path=``) on a real one."""
+        simulated driver, the model itself (``model=`` or ``path=``) on a real one, its runs
+        on ``threads`` (`~npumanager.NpuManager.load_model`)."""
         loaded = self.manager.load_model(
-            self.request, weight_bytes=weight_bytes, sram_bytes=sram_bytes, model=model, path=path
+            self.request,
+            weight_bytes=weight_bytes,
+            sram_bytes=sram_bytes,
+            model=model,
+            path=path,
+            **({} if threads is None else {"threads": threads}),
         )
         self.models.append(loaded)
         if len(self.models) == 1:

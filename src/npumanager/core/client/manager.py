@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, overload
 
-from npumanager.checks import GroupId
+from npumanager.checks import GroupId, check_threads
 from npumanager.core.arbiter.actions import RequestKey
 from npumanager.core.client.callbacks import (
     ModelLoadRequestCallback,
@@ -163,7 +163,14 @@ class InProcessBackend(Protocol):
     daemon's client (`DaemonClient`) both give it."""
 
     def load_real_model(
-        self, manager: NpuManager, request: ModelLoadRequest, model: Any, path: Any, sram: int
+        self,
+        manager: NpuManager,
+        request: ModelLoadRequest,
+        model: Any,
+        path: Any,
+        sram: int,
+        *,
+        threads: int | None = None,
     ) -> LoadedModel:
         """Open a granted request's real model; its bytes are counted from it."""
 
@@ -273,19 +280,26 @@ class NpuManager:
         sram_bytes: int = 0,
         model: Any = None,
         path: Any = None,
+        threads: int | None = None,
     ) -> LoadedModel:
         """Put a granted request's model into driver memory, on the device it was given.
 
         A real driver takes the model itself (``model=`` bytes or the runtime's object, or
         ``path=``), its bytes counted from it (in process only); a simulated one, ``weight_bytes``.
+        ``threads`` asks how many threads each run of a real model may use (0: one per
+        CPU, as the runtimes' own default; None: the driver's setting): never more than the
+        CPUs, and one for a model loaded while its app is in a background band.
         """
+        threads = check_threads(threads)
         if model is None and path is None:
             if weight_bytes is None:
                 raise TypeError("give weight_bytes= (simulated drivers) or model=/path=")
             return self._service.load_model(self, request, weight_bytes, sram_bytes)
         if weight_bytes is not None:
             raise TypeError("weight_bytes= is counted from model=/path=; give one or the other")
-        return _in_process(self._service).load_real_model(self, request, model, path, sram_bytes)
+        return _in_process(self._service).load_real_model(
+            self, request, model, path, sram_bytes, threads=threads
+        )
 
     def shared_array(self, shape: int | tuple[int, ...], dtype: Any = "float32") -> Any:
         """A new, uninitialised numpy array to write inputs into, which `LoadedModel.run`

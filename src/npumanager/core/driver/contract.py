@@ -12,6 +12,7 @@ pushes raw events through the debouncer; a subclass applies configs to its devic
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -233,7 +234,9 @@ class RealExecution(Protocol):
         """Open and account a model; its handle. Its weights are counted from the model
         before anything is allocated for them, and refused over `max_weight_bytes` (what
         its grant allows). `sidecars` are the files it keeps weights in, as descriptors by
-        name; no path named inside a model is ever resolved."""
+        name; no path named inside a model is ever resolved. A driver may also take
+        ``threads`` (see ``takes_threads``): how many threads the app asked the model's runs to
+        use (None: the driver's setting; 0: one per CPU)."""
 
     def model_bytes(self, model: int) -> int:
         """The weight bytes accounted for a loaded model."""
@@ -256,6 +259,14 @@ class RealExecution(Protocol):
     def run_admitted(self, handle: WorkHandle) -> None:
         """Run work submitted inline that took a channel here, on the calling thread, and
         end it as it went (its future says how); nothing if it took none."""
+
+
+def takes_threads(driver: RealExecution) -> bool:
+    """True if the driver's ``load_model`` takes ``threads`` (the built-in real drivers do)."""
+    try:
+        return "threads" in inspect.signature(driver.load_model).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 @runtime_checkable

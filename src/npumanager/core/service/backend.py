@@ -18,7 +18,7 @@ from npumanager.checks import GroupId
 from npumanager.core.client.callbacks import ModelLoadRequestCallback, takes_reason
 from npumanager.core.client.dispatch import DeliveryStats, ExecutorLike, SerialQueue
 from npumanager.core.client.manager import LoadedModel, NpuManager
-from npumanager.core.driver.contract import RealExecution, WorkHandle
+from npumanager.core.driver.contract import RealExecution, WorkHandle, takes_threads
 from npumanager.core.driver.job import DirectRun, WorkMode
 from npumanager.core.service.requests import RequestRecord
 from npumanager.core.service.state import ServiceState
@@ -129,12 +129,17 @@ class LocalBackend:
         path: Any,
         sram_bytes: int,
         sidecars: Mapping[str, int] | None = None,
+        *,
+        threads: int | None = None,
     ) -> LoadedModel:
         """Open a granted request's real model on its device; its bytes are counted from the
         model before anything is allocated, and a model over what the grant allows is
-        refused (``sidecars``: the files it keeps weights in, as descriptors by name)."""
+        refused (``sidecars``: the files it keeps weights in, as descriptors by name;
+        ``threads``: how many threads the app asked its runs to use, a hint that a
+        driver whose ``load_model`` takes no ``threads`` does without)."""
 
         def open_model(driver: RealExecution, device: int, allowed: int) -> int:
+            asked = {"threads": threads} if threads is not None and takes_threads(driver) else {}
             return driver.load_model(
                 device,
                 model=model,
@@ -143,6 +148,7 @@ class LocalBackend:
                 uid=manager.uid,
                 sidecars=sidecars,
                 max_weight_bytes=allowed,
+                **asked,
             )
 
         return self._state.load_real_model(manager, request, open_model)

@@ -260,10 +260,17 @@ class DaemonClient(WireClient):
         self._call(p.CancelWork, model=model.handle, work_id=work_id)
 
     def load_real_model(
-        self, manager: NpuManager, request: ModelLoadRequest, model: Any, path: Any, sram: int
+        self,
+        manager: NpuManager,
+        request: ModelLoadRequest,
+        model: Any,
+        path: Any,
+        sram: int,
+        *,
+        threads: int | None = None,
     ) -> LoadedModel:
         return remote_models.load(
-            self, self._inference.segment, manager, request, model, path, sram
+            self, self._inference.segment, manager, request, model, path, sram, threads
         )
 
     def submit_inference(

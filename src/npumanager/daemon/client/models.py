@@ -44,12 +44,15 @@ def load(
     model: Any,
     path: str | Path | None,
     sram_bytes: int,
+    threads: int | None = None,
 ) -> LoadedModel:
     """Load a granted request's model in the daemon: a file by its descriptor, bytes in
     the segment (small) or a memfd."""
     if (model is None) == (path is None):
         raise IllegalArgumentError("give exactly one of model= (ONNX bytes) and path=")
-    common = {"request_id": request.id, "sram_bytes": sram_bytes}
+    common: dict[str, Any] = {"request_id": request.id, "sram_bytes": sram_bytes}
+    if threads is not None:
+        common["threads"] = threads
     if path is not None:
         with open_model_files(path, DEFAULT_MAX_MODEL_FILE_BYTES) as files:
             result = wire.call(

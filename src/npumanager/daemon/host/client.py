@@ -427,13 +427,20 @@ class ModelHost:
                 os.close(fd)
         return HostCounted(count_id, _count_of(header.get("weight_bytes")), room)
 
-    def open(self, device: int, counted: Counted, band: int) -> HostedSession:
+    def open(
+        self, device: int, counted: Counted, band: int, threads: int | None = None
+    ) -> HostedSession:
         """Open a counted model in the host: its session as the daemon sees it."""
         assert isinstance(counted, HostCounted)
         model_id = next(self._ids)
         try:
             header = self.ask(
-                "open", counted=counted.id, model=model_id, device=device, band=band
+                "open",
+                counted=counted.id,
+                model=model_id,
+                device=device,
+                band=band,
+                threads=threads,
             ).header
             inputs = _input_specs(header.get("inputs"))
             weight = _count_of(header.get("weight_bytes"))

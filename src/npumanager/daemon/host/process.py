@@ -200,7 +200,9 @@ class Host(Runs):
     def _open(self, header: dict[str, Any], _: list[int]) -> dict[str, Any]:
         counted, kept = self._counted.pop(header["counted"])
         try:
-            session = self._driver.open_counted(header["device"], counted, header["band"])
+            session = self._driver.open_counted(
+                header["device"], counted, header["band"], header.get("threads")
+            )
         finally:
             _close(kept)
             give_back_memory()  # the file's bytes and the parsed model, before the limit falls

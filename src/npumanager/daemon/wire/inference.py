@@ -16,6 +16,7 @@ from npumanager.schemas.limits import (
     INT32_MAX,
     INT64_MAX,
     MAX_FRAME_BYTES,
+    MAX_INTRA_OP_THREADS,
     MAX_MODEL_SIDECARS,
     MAX_SIDECAR_NAME,
     MAX_TENSOR_DIMS,
@@ -67,6 +68,9 @@ class LoadRealModel(Call):
     )
     """The names the model gives the files it keeps weights in (ONNX external data, an
     IR's `.bin`); their descriptors follow the model's, in this order."""
+    threads: Annotated[int, Field(ge=0, le=MAX_INTRA_OP_THREADS)] | None = None
+    """How many threads each run may use, as the app asked (0: one per CPU; absent: the
+    driver's setting)."""
 
 
 class Infer(Call):

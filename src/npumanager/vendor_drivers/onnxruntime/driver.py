@@ -39,6 +39,7 @@ from npumanager.vendor_drivers.realexec.onnx_weights import (
     inlined,
 )
 from npumanager.vendor_drivers.realexec.session import Call, Counted, InputSpec, is_background
+from npumanager.vendor_drivers.realexec.threads import run_threads
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,10 @@ class OnnxRuntimeDriver(RealDriver):
     def _count(self, model: ModelSource, sidecars: Mapping[str, int]) -> OnnxWeights:
         return counted_model(model, sidecars)
 
-    def _open(self, device: int, counted: Counted, band: int) -> OrtSession:
+    def _open(
+        self, device: int, counted: Counted, band: int, threads: int | None = None
+    ) -> OrtSession:
         assert isinstance(counted, OnnxWeights)
-        return OrtSession(counted, self.providers, self.intra_op_threads, device)
+        background = is_background(band, len(self.specs[device].bands))
+        count = run_threads(threads, self.intra_op_threads, background)
+        return OrtSession(counted, self.providers, count, device)

@@ -55,6 +55,7 @@ from npumanager.vendor_drivers.openvino.ir import count_ir, is_ir
 from npumanager.vendor_drivers.realexec.base import ModelSource, RealDriver, real_specs
 from npumanager.vendor_drivers.realexec.onnx_weights import OnnxWeights, counted_model, inlined
 from npumanager.vendor_drivers.realexec.session import Call, Counted, InputSpec, is_background
+from npumanager.vendor_drivers.realexec.threads import run_threads
 
 log = logging.getLogger(__name__)
 
@@ -343,14 +344,17 @@ class OpenVinoDriver(RealDriver):
     def _count(self, model: ModelSource, sidecars: Mapping[str, int]) -> OvCounted:
         return count_for_openvino(model, sidecars)
 
-    def _open(self, device: int, counted: Counted, band: int) -> OvSession:
+    def _open(
+        self, device: int, counted: Counted, band: int, threads: int | None = None
+    ) -> OvSession:
         assert isinstance(counted, OvCounted)
-        props = band_properties(band, len(self.specs[device].bands))
+        bands = len(self.specs[device].bands)
+        props = band_properties(band, bands)
         session = OvSession(
             self.core,
             _read(self.core, counted),
             self.device,
-            self.inference_threads,
+            run_threads(threads, self.inference_threads, is_background(band, bands)),
             props,
             streams=self.specs[device].channels,
         )

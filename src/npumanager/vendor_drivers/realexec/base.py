@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from npumanager.checks import check_int
+from npumanager.checks import check_int, check_threads
 from npumanager.errors import CapacityError, IllegalArgumentError, UnknownModelError
 from npumanager.modelfiles import open_model_files
 from npumanager.schemas import EndReason, SchedulingConfig
@@ -70,16 +70,21 @@ class RealDriver(Submission):
         `sidecars` are the files it keeps weights in, by name, as descriptors."""
 
     @abstractmethod
-    def _open(self, device: int, counted: Counted, band: int) -> Session:
-        """Open a counted model on a device's runtime (reading its weights files now)."""
+    def _open(
+        self, device: int, counted: Counted, band: int, threads: int | None = None
+    ) -> Session:
+        """Open a counted model on a device's runtime (reading its weights files now);
+        ``threads`` is what the app asked for its runs (``realexec.threads.run_threads``)."""
 
     def count_model(self, model: ModelSource, sidecars: Mapping[str, int]) -> Counted:
         """Parse and count a model as `load_model` does (for a model host)."""
         return self._count(model, sidecars)
 
-    def open_counted(self, device: int, counted: Counted, band: int) -> Session:
+    def open_counted(
+        self, device: int, counted: Counted, band: int, threads: int | None = None
+    ) -> Session:
         """Open a counted model as `load_model` does (for a model host)."""
-        return self._open(self._device(device), counted, band)
+        return self._open(self._device(device), counted, band, check_threads(threads))
 
     def _band_changed(self, session: Session, device: int, uid: int) -> None:
         """Relay the band of the model's uid to the runtime (`Session.set_band`)."""
@@ -155,10 +160,13 @@ class RealDriver(Submission):
         uid: int | None = None,
         sidecars: Mapping[str, int] | None = None,
         max_weight_bytes: int | None = None,
+        threads: int | None = None,
     ) -> int:
         """Open a model (`model=` bytes or a runtime model object, or `path=`) and account
         its real weight bytes; with only `weight_bytes`, account bytes without a session.
         A model `InHost` is parsed, opened and run in its host, not in this process.
+        ``threads``: how many threads its runs may use, as the app asked (None: the
+        driver's setting; 0: one per CPU; ``realexec.threads.run_threads``).
 
         The weights are counted from the model before anything is allocated for them: a
         model over `max_weight_bytes` (what its grant allows) or the device's free memory
@@ -176,6 +184,7 @@ class RealDriver(Submission):
             )
         if max_weight_bytes is not None:
             check_int("max_weight_bytes", max_weight_bytes, 0, INT64_MAX)
+        threads = check_threads(threads)
         if model is None and path is None:
             if weight_bytes is None:
                 raise IllegalArgumentError("give model=, path= or weight_bytes=")
@@ -191,7 +200,7 @@ class RealDriver(Submission):
             with open_model_files(path, DEFAULT_MAX_MODEL_FILE_BYTES) as files:
                 counted = self._count(files.data, files.sidecars)
                 self._check_counted(d, counted, weight_bytes, max_weight_bytes)
-                session = self._open(d, counted, band)
+                session = self._open(d, counted, band, threads)
         elif isinstance(model, InHost):
             host = model.host
             counted = host.count(model.source, sidecars or {}, max_weight_bytes)
@@ -200,11 +209,11 @@ class RealDriver(Submission):
             except BaseException:
                 host.discard(counted)
                 raise
-            session = host.open(d, counted, band)
+            session = host.open(d, counted, band, threads)
         else:
             counted = self._count(model, sidecars or {})
             self._check_counted(d, counted, weight_bytes, max_weight_bytes)
-            session = self._open(d, counted, band)
+            session = self._open(d, counted, band, threads)
         try:
             handle = self._account(d, counted.weight_bytes, session)
         except Exception:

@@ -113,7 +113,7 @@ class SessionHost(Protocol):
         """Parse the model there and count its weights (`allowed`: the most its grant
         allows, for the room the host is given meanwhile)."""
 
-    def open(self, device: int, counted: Counted, band: int) -> Session:
+    def open(self, device: int, counted: Counted, band: int, threads: int | None = None) -> Session:
         """Open a model counted there: a session whose runs happen there."""
 
     def discard(self, counted: Counted) -> None:
