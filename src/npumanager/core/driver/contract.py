@@ -12,9 +12,9 @@ pushes raw events through the debouncer; a subclass applies configs to its devic
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
@@ -234,9 +234,9 @@ class RealExecution(Protocol):
         """Open and account a model; its handle. Its weights are counted from the model
         before anything is allocated for them, and refused over `max_weight_bytes` (what
         its grant allows). `sidecars` are the files it keeps weights in, as descriptors by
-        name; no path named inside a model is ever resolved. A driver may also take
-        ``threads`` (see ``takes_threads``): how many threads the app asked the model's runs to
-        use (None: the driver's setting; 0: one per CPU)."""
+        name; no path named inside a model is ever resolved. A driver whose
+        ``takes_threaded`` is True also takes the model or its path as a ``Threaded``: the
+        threads its app asked the model's runs to use."""
 
     def model_bytes(self, model: int) -> int:
         """The weight bytes accounted for a loaded model."""
@@ -261,12 +261,19 @@ class RealExecution(Protocol):
         end it as it went (its future says how); nothing if it took none."""
 
 
-def takes_threads(driver: RealExecution) -> bool:
-    """True if the driver's ``load_model`` takes ``threads`` (the built-in real drivers do)."""
-    try:
-        return "threads" in inspect.signature(driver.load_model).parameters
-    except (TypeError, ValueError):
-        return False
+@dataclass(frozen=True)
+class Threaded:
+    """A model or its path (``load_model``'s ``model=`` or ``path=``) whose runs should use
+    ``threads`` threads, as its app asked (0: one per CPU)."""
+
+    source: Any
+    threads: int
+
+
+def takes_threaded(driver: RealExecution) -> bool:
+    """True if the driver's ``load_model`` takes a ``Threaded`` model (the built-in real
+    drivers do: their ``takes_threaded`` is True)."""
+    return getattr(driver, "takes_threaded", False) is True
 
 
 @runtime_checkable

@@ -18,7 +18,7 @@ from npumanager.checks import GroupId
 from npumanager.core.client.callbacks import ModelLoadRequestCallback, takes_reason
 from npumanager.core.client.dispatch import DeliveryStats, ExecutorLike, SerialQueue
 from npumanager.core.client.manager import LoadedModel, NpuManager
-from npumanager.core.driver.contract import RealExecution, WorkHandle, takes_threads
+from npumanager.core.driver.contract import RealExecution, Threaded, WorkHandle, takes_threaded
 from npumanager.core.driver.job import DirectRun, WorkMode
 from npumanager.core.service.requests import RequestRecord
 from npumanager.core.service.state import ServiceState
@@ -136,19 +136,21 @@ class LocalBackend:
         model before anything is allocated, and a model over what the grant allows is
         refused (``sidecars``: the files it keeps weights in, as descriptors by name;
         ``threads``: how many threads the app asked its runs to use, a hint that a
-        driver whose ``load_model`` takes no ``threads`` does without)."""
+        driver which takes no ``Threaded`` model does without)."""
 
         def open_model(driver: RealExecution, device: int, allowed: int) -> int:
-            asked = {"threads": threads} if threads is not None and takes_threads(driver) else {}
+            given, where = (model, path)
+            if threads is not None and takes_threaded(driver):
+                given = None if model is None else Threaded(model, threads)
+                where = None if path is None else Threaded(path, threads)
             return driver.load_model(
                 device,
-                model=model,
-                path=path,
+                model=given,
+                path=where,
                 sram_bytes=sram_bytes,
                 uid=manager.uid,
                 sidecars=sidecars,
                 max_weight_bytes=allowed,
-                **asked,
             )
 
         return self._state.load_real_model(manager, request, open_model)

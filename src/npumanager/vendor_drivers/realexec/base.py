@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from npumanager.checks import check_int, check_threads
+from npumanager.core.driver.contract import Threaded
 from npumanager.errors import CapacityError, IllegalArgumentError, UnknownModelError
 from npumanager.modelfiles import open_model_files
 from npumanager.schemas import EndReason, SchedulingConfig
@@ -45,6 +46,16 @@ ModelSource = bytes | Any | None
 """A model as a runtime takes it: bytes, or the runtime's own model object."""
 
 
+def _unthreaded(model: Any, path: Any) -> tuple[Any, Any, int | None]:
+    """The model and path without their ``Threaded`` wrapping, and the threads it asked."""
+    threads = None
+    if isinstance(model, Threaded):
+        model, threads = model.source, check_threads(model.threads)
+    if isinstance(path, Threaded):
+        path, threads = path.source, check_threads(path.threads)
+    return model, path, threads
+
+
 def real_specs(
     devices: int | Sequence[DeviceSpec | Mapping[str, Any]], channels: int, capacity: int
 ) -> list[DeviceSpec]:
@@ -60,6 +71,9 @@ def real_specs(
 
 class RealDriver(Submission):
     """Models opened in a runtime and inferences submitted to the device's channels."""
+
+    takes_threaded = True
+    """``load_model`` takes a ``Threaded`` model or path (`takes_threaded`)."""
 
     # For subclasses ---------------------------------------------------------------------
 
@@ -160,13 +174,12 @@ class RealDriver(Submission):
         uid: int | None = None,
         sidecars: Mapping[str, int] | None = None,
         max_weight_bytes: int | None = None,
-        threads: int | None = None,
     ) -> int:
         """Open a model (`model=` bytes or a runtime model object, or `path=`) and account
         its real weight bytes; with only `weight_bytes`, account bytes without a session.
         A model `InHost` is parsed, opened and run in its host, not in this process.
-        ``threads``: how many threads its runs may use, as the app asked (None: the
-        driver's setting; 0: one per CPU; ``realexec.threads.run_threads``).
+        A model or path given as a ``Threaded`` runs on the threads its app asked
+        (``realexec.threads.run_threads``); otherwise on the driver's setting.
 
         The weights are counted from the model before anything is allocated for them: a
         model over `max_weight_bytes` (what its grant allows) or the device's free memory
@@ -184,7 +197,7 @@ class RealDriver(Submission):
             )
         if max_weight_bytes is not None:
             check_int("max_weight_bytes", max_weight_bytes, 0, INT64_MAX)
-        threads = check_threads(threads)
+        model, path, threads = _unthreaded(model, path)
         if model is None and path is None:
             if weight_bytes is None:
                 raise IllegalArgumentError("give model=, path= or weight_bytes=")
