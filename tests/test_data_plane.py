@@ -236,6 +236,28 @@ def test_an_honest_host_under_the_same_load_keeps_within_its_grants(served: Any)
     assert (audit.throttled, audit.killed) == (0, 0)
 
 
+def test_an_honest_host_running_on_every_cpu_between_frames_keeps_within_its_grants(
+    served: Any,
+) -> None:
+    """A model on one thread per CPU (`threads=0`, the runtimes' default), run as a frame
+    app runs it, a run and then a pause: the runtime's pool threads must not burn CPU
+    between runs (onnxruntime's spin-wait did: an honest host was killed for it)."""
+    setup = served(lease_us=0)
+    setup.service.set_uid_importance(os.getuid(), npu.IMPORTANCE_FOREGROUND)
+    request = npu.ModelLoadRequest.Builder(1).set_size(0).build()
+    lease = setup.client.reserve(request, timeout_s=WAIT_S)
+    lease.__enter__()
+    model = lease.load_model(model=chain_model(), threads=0)
+    audit = setup.daemon.inference.hosting.audit
+    start = audit.periods
+    deadline = time.monotonic() + WAIT_S
+    while audit.periods < start + AUDIT_STRIKES + 1:
+        assert time.monotonic() < deadline, f"the audit did not look within {WAIT_S} s"
+        model.run({"x": np.full((64, 256), 0.25, np.float32)})
+        time.sleep(0.005)
+    assert (audit.throttled, audit.killed) == (0, 0)
+
+
 # The audit's arithmetic, on a host whose CPU time the test sets ---------------------------
 
 

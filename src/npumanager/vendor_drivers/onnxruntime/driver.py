@@ -74,6 +74,10 @@ class OrtSession:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        # The pool threads spin within a run, as by default, but stop at its end: their
+        # spinning between runs would be CPU time no grant covers, for which the audit
+        # would stop and kill an honest model host.
+        options.add_session_config_entry("session.force_spinning_stop", "1")
         try:
             self.session = ort.InferenceSession(
                 proto.SerializeToString(), sess_options=options, providers=list(providers)
