@@ -194,9 +194,9 @@ def test_a_leased_run_that_outlasts_its_lease_is_granted_until_it_ends(served: A
     the host to covers it (it once closed at the deadline and `LEASE_OVERRUN_S`, and an
     honest host with a long run was killed), and the lease is taken back meanwhile."""
     setup = served(lease_us=2000)
-    model = loaded(setup.client)
+    model = loaded(setup.client, chain_model(layers=64))
     host = the_host(setup)
-    big = np.full((16384, 256), 0.25, np.float32)  # far more than 0.1 s of one core
+    big = np.full((16384, 256), 0.25, np.float32)  # 64 layers: far past 0.2 s of a core
     model.run({"x": X})
     wait_for(lambda: host.grants.open == 0)  # the first lease given back
     before, generation = host.grants.total_ns(), host.page.generation
