@@ -22,7 +22,6 @@ import contextlib
 import mmap
 import os
 import socket
-import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,7 +42,6 @@ from npumanager.vendor_drivers.realexec.session import Call, Session, check_feed
 BACKGROUND_NICE = 10
 """How much lower a background inference's thread runs (`nice` steps), as the driver's own
 background workers do."""
-_TIMEVAL = struct.Struct("@ll")
 _STATUSES = {int(s): s for s in (Status.REFUSED, Status.CANCELLED, Status.FAILED)}
 
 
@@ -164,14 +162,8 @@ class DirectLane(LaneServer):
     def _taken(self) -> Lease | None:
         """The lease held, no longer held: the lane's receive waits for ever again."""
         lease, self._lease = self._lease, None
-        self._idle_after(0.0)
+        self.idle_after(None)
         return lease
-
-    def _idle_after(self, seconds: float) -> None:
-        """Have the lane's receive give up after `seconds` with no request (0: never)."""
-        whole = int(seconds)
-        value = _TIMEVAL.pack(whole, int((seconds - whole) * 1e6))
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
 
     def _holds(self, lease: Lease) -> bool:
         """True while the lease is in force: before its deadline, under its generation."""
@@ -211,7 +203,7 @@ class DirectLane(LaneServer):
                 )
                 continue
             if frame.lease_until_ns:
-                self._idle_after(self._idle_s)
+                self.idle_after(self._idle_s)
                 self._lease = Lease(
                     key,
                     seq,

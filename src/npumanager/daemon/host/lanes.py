@@ -20,6 +20,7 @@ same region go where the last ones went.
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import struct
 import threading
@@ -109,6 +110,7 @@ class LaneServer(Served):
         super().__init__(sock, name)
         self._held: list[Any] | None = None
         """Outputs of the last inference that did not fit their region, for one fetch."""
+        self._idle_wait_s: float | None = None
         self._seen: Seen | None = None
         self._wrote: Wrote | None = None
 
@@ -133,6 +135,12 @@ class LaneServer(Served):
     def repeated(self) -> None:
         """A request frame was byte for byte the last one (a counter's hook)."""
 
+    def idle_after(self, seconds: float | None) -> None:
+        """Have the lane's next receive give up after `seconds` with no request and call
+        `idle` (None: wait for ever). The wait is `select`'s, to the microsecond: a socket's
+        receive timeout is counted in the kernel's ticks (4 ms at HZ=250)."""
+        self._idle_wait_s = seconds
+
     def replied(self) -> None:
         """The reply to a request has been sent (the lane's next frame is read after)."""
 
@@ -148,10 +156,11 @@ class LaneServer(Served):
         try:
             while True:
                 try:
+                    idle_s = self._idle_wait_s
+                    if idle_s is not None and not select.select([self._sock], [], [], idle_s)[0]:
+                        self.idle()
+                        continue
                     size, _, flags, _ = self._sock.recvmsg_into([buffer])
-                except BlockingIOError:  # a receive timeout a subclass set (SO_RCVTIMEO)
-                    self.idle()
-                    continue
                 except OSError:
                     return
                 if size == 0 and not flags & _TRUNCATED:
