@@ -144,7 +144,9 @@ def quick(script: str, *extra: str) -> subprocess.CompletedProcess[str]:
         pytest.skip("the apps' own uids (and focus's cgroups) need root")
     if script in READ_AS_ANOTHER_UID:
         needs_checkout_other_uids_can_enter()
-    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+    # Only to end a hung run: a quick run takes seconds alone, and a clean-clone CI run beside
+    # two spinners and the suite's other workers took fairness_daemon's past 120 s.
+    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600)
     assert result.returncode == 0, result.stderr
     return result
 
