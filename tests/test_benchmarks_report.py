@@ -25,6 +25,7 @@ import npumanager as npu
 from helpers.cgroup_tree import cgroup_tree
 from helpers.checkout_access import needs_checkout_other_uids_can_enter
 from helpers.daemon_support import WAIT_S
+from helpers.process_group import run_group
 from npumanager.plugins.importance import desktop
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -145,8 +146,9 @@ def quick(script: str, *extra: str) -> subprocess.CompletedProcess[str]:
     if script in READ_AS_ANOTHER_UID:
         needs_checkout_other_uids_can_enter()
     # Only to end a hung run: a quick run takes seconds alone, and a clean-clone CI run beside
-    # two spinners and the suite's other workers took fairness_daemon's past 120 s.
-    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=600)
+    # two spinners and the suite's other workers took fairness_daemon's past 120 s. A run
+    # ended so takes the daemon it started with it.
+    result = run_group(argv, timeout=600)
     assert result.returncode == 0, result.stderr
     return result
 
@@ -285,3 +287,33 @@ def test_the_relay_floor_runs_the_model_through_a_third_bare_process() -> None:
         plain.close()
         relayed.close()
     assert relayed.relay.returncode == 0 and relayed.server.returncode == 0
+
+
+def test_a_quick_run_ended_by_its_timeout_takes_what_it_started_with_it(tmp_path: Path) -> None:
+    """A benchmark killed for running too long once left its daemon running through the
+    rest of a CI run; the whole process group goes now."""
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    script = tmp_path / "starts_a_child.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(600)\n"
+    )
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_group([sys.executable, str(script)], timeout=20)  # ample to start, on any machine
+    child = int(pid_file.read_text())
+
+    def gone() -> bool:
+        try:
+            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        return state == "Z"
+
+    deadline = time.monotonic() + WAIT_S
+    while not gone():
+        assert time.monotonic() < deadline, f"the child {child} outlived its group's timeout"
+        time.sleep(0.05)
