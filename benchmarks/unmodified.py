@@ -5,6 +5,7 @@
   run and the labels) under `npu-manager run` against a daemon (`serve --driver
   onnxruntime`), and in a plain process calling onnxruntime itself: p50 and p99, and the
   p50 ratio (`magika_p50_vs_plain`).
+* At a frame's pace alone: the plain app, one call every frame (16.7 ms), no other app.
 * Beside a flood: the same Magika calls, one every frame (16.7 ms), as the foreground app,
   while a background app runs a larger model in a loop on every CPU; both under `npu-manager
   run` (managed) and both plain (unmanaged). Run as root, each app is a uid of its own and
@@ -12,12 +13,15 @@
   the foreground's p99 unmanaged over managed.
 
 The floor under the second: no manager can make the foreground beside the flood faster
-than the app alone in a plain process, so unmanaged over managed is at most
-`foreground_p99_bound` (the unmanaged foreground's p99 beside the flood over the plain app's
-p99 alone). Where that bound is under the issue's 2x, the flood here costs an unmanaged
-foreground too little for any manager to halve it, and the figure to judge is
-`foreground_p99_managed_vs_alone`: the managed foreground's p99 beside the flood over the
-plain app's alone.
+than the same app at the same pace alone in a plain process (`plain_frames`: one call a
+frame, no flood), so unmanaged over managed is at most `foreground_p99_bound` (the
+unmanaged foreground's p99 beside the flood over `plain_frames`' p99). Where that bound is
+under the issue's 2x, the flood here costs an unmanaged foreground too little for any
+manager to halve it, and the figure to judge is `foreground_p99_managed_vs_alone`: the
+managed foreground's p99 beside the flood over `plain_frames`'. The frame app alone is
+measured at its own pace, not back to back: on a VM a call after 16.7 ms asleep finds its
+CPUs idle and costs more than one straight after another (`plain_frames` against
+`magika.plain` shows how much).
 
 Each app is this script run with `--worker`, under `npu-manager run` or plainly.
 
@@ -62,7 +66,7 @@ TARGETS = [
         "<=",
         1.3,
         why="where foreground_p99_bound < 2: the managed foreground beside the flood against "
-        "the plain app alone, with the per-call allowance of the p50 target",
+        "the plain app alone at the same pace, with the per-call allowance of the p50 target",
     ),
 ]
 
@@ -190,8 +194,9 @@ def _summary(times: list[float]) -> dict[str, float]:
     }
 
 
-def alone(socket: Path | None, calls: int) -> list[float]:
-    app = _start(_command(socket, "magika", str(calls), "0", str(FOREGROUND_UID)))
+def alone(socket: Path | None, calls: int, frame_s: float = 0.0) -> list[float]:
+    """Magika's call times with no other app: back to back, or one every `frame_s`."""
+    app = _start(_command(socket, "magika", str(calls), str(frame_s), str(FOREGROUND_UID)))
     _go(app)
     return _timings(app)
 
@@ -243,7 +248,7 @@ def measure(
     from npumanager.vendor_drivers.realexec.chain import chain_model
 
     pooled: dict[str, list[float]] = {
-        k: [] for k in ("plain", "managed", "unmanaged_fg", "managed_fg")
+        k: [] for k in ("plain", "managed", "plain_frames", "unmanaged_fg", "managed_fg")
     }
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -257,6 +262,7 @@ def measure(
                 progress.step(f"round {round_ + 1}: alone")
                 pooled["plain"] += alone(None, calls)
                 pooled["managed"] += alone(socket, calls)
+                pooled["plain_frames"] += alone(None, calls, FRAME_S)
                 progress.step(f"round {round_ + 1}: beside a flood")
                 pooled["unmanaged_fg"] += beside_flood(None, calls, model)
                 pooled["managed_fg"] += beside_flood(socket, calls, model)
@@ -270,16 +276,20 @@ def measure(
         "serve_args": " ".join(serve_args) or "(the defaults)",
         "as_root": os.getuid() == 0,
         "magika": {"plain": figures["plain"], "managed": figures["managed"]},
+        "plain_frames": figures["plain_frames"],
         "beside_flood": {"unmanaged": figures["unmanaged_fg"], "managed": figures["managed_fg"]},
         "magika_p50_vs_plain": round(figures["managed"]["p50_us"] / figures["plain"]["p50_us"], 2),
         "foreground_p99_unmanaged_vs_managed": round(
             figures["unmanaged_fg"]["p99_us"] / figures["managed_fg"]["p99_us"], 2
         ),
         "foreground_p99_bound": round(
-            figures["unmanaged_fg"]["p99_us"] / figures["plain"]["p99_us"], 2
+            figures["unmanaged_fg"]["p99_us"] / figures["plain_frames"]["p99_us"], 2
         ),
         "foreground_p99_managed_vs_alone": round(
-            figures["managed_fg"]["p99_us"] / figures["plain"]["p99_us"], 2
+            figures["managed_fg"]["p99_us"] / figures["plain_frames"]["p99_us"], 2
+        ),
+        "plain_frames_p99_vs_back_to_back": round(
+            figures["plain_frames"]["p99_us"] / figures["plain"]["p99_us"], 2
         ),
     }
 

@@ -18,6 +18,7 @@ import pytest
 import npumanager as npu
 from helpers.daemon_support import FOREGROUND_UID, DaemonProcess
 from npumanager.errors import IllegalArgumentError
+from npumanager.schemas.limits import MAX_INTRA_OP_THREADS
 from npumanager.vendor_drivers.realexec.threads import run_threads
 
 ort = pytest.importorskip("onnxruntime")
@@ -155,3 +156,25 @@ def test_the_threads_a_program_asks_are_read_from_its_runtimes_options() -> None
     assert openvino_threads({"INFERENCE_NUM_THREADS": 2}) == 2
     assert openvino_threads({"INFERENCE_NUM_THREADS": "x"}) == 0
     assert openvino_threads({"PERFORMANCE_HINT": "LATENCY"}) == 0
+    assert openvino_threads({"INFERENCE_NUM_THREADS": "3"}) == 3
+    assert openvino_threads(["not", "a", "mapping"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "threads"),
+    [
+        (0, 0),
+        (-1, 0),
+        (2, 2),
+        ("4", 4),
+        (MAX_INTRA_OP_THREADS + 1, MAX_INTRA_OP_THREADS),
+        (True, 0),
+        (None, 0),
+        ("x", 0),
+        (2.0, 2),
+    ],
+)
+def test_a_program_asks_at_most_the_most_threads_a_load_takes(value: object, threads: int) -> None:
+    from npumanager.run.managed import asked_threads
+
+    assert asked_threads(value) == threads

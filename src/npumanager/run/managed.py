@@ -30,7 +30,7 @@ from npumanager.errors import (
 from npumanager.run._boot.npumanager_run_boot import WARNING_PREFIX
 from npumanager.run.settings import REFUSE, Settings
 from npumanager.schemas import ModelLoadRequestStatus, ModelLoadStatus, UnloadReason
-from npumanager.schemas.limits import NOMINAL_MODEL_BYTES
+from npumanager.schemas.limits import MAX_INTRA_OP_THREADS, NOMINAL_MODEL_BYTES
 
 
 class NotGrantedError(NpuManagerError):
@@ -51,6 +51,19 @@ def size_class(nbytes: int) -> int:
         if nbytes < nominal:
             return index
     return len(NOMINAL_MODEL_BYTES) - 1
+
+
+def asked_threads(value: Any) -> int:
+    """The threads a program's runtime options ask for its runs, as `load_model(threads=)`
+    takes them: 0 (the runtime's default, one per CPU) when unset, not a count or not
+    above 0; never more than `MAX_INTRA_OP_THREADS`."""
+    if isinstance(value, bool):
+        return 0
+    try:
+        threads = int(value)
+    except (TypeError, ValueError):
+        return 0
+    return min(threads, MAX_INTRA_OP_THREADS) if threads > 0 else 0
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,8 @@ import numpy as np
 
 from npumanager.errors import NpuManagerError
 from npumanager.run._boot.npumanager_run_boot import WARNING_PREFIX
-from npumanager.run.managed import PROCESS, ManagedModel, Source
+from npumanager.run.managed import PROCESS, ManagedModel, Source, asked_threads
 from npumanager.run.settings import Settings
-from npumanager.schemas.limits import MAX_INTRA_OP_THREADS
 
 _PATH_ATTRIBUTE = "_npu_manager_path"
 
@@ -49,10 +48,10 @@ def _threads_of(config: Any) -> int:
     """The threads a compile's config asks (``INFERENCE_NUM_THREADS``; 0, OpenVINO's default:
     one per CPU)."""
     try:
-        threads = int((config or {}).get("INFERENCE_NUM_THREADS", 0))
-    except (AttributeError, TypeError, ValueError):
+        asked = (config or {}).get("INFERENCE_NUM_THREADS", 0)
+    except AttributeError:
         return 0
-    return min(threads, MAX_INTRA_OP_THREADS) if threads > 0 else 0
+    return asked_threads(asked)
 
 
 def _name(port: Any) -> str:

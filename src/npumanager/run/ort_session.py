@@ -26,11 +26,12 @@ from npumanager.run.managed import (
     NotGrantedError,
     RunCancelledError,
     Source,
+    asked_threads,
 )
 from npumanager.run.ort_inputs import Signature, check_feed, runtime_error, signature
 from npumanager.run.ort_iobinding import ManagedIOBinding
 from npumanager.run.settings import Settings
-from npumanager.schemas.limits import MAX_INTRA_OP_THREADS, RUN_TERMINATE_POLL_S
+from npumanager.schemas.limits import RUN_TERMINATE_POLL_S
 
 _TERMINATED = "Exiting due to terminate flag being set to true."
 
@@ -282,8 +283,7 @@ def managed_session_class(ort: ModuleType, settings: Settings) -> type:
 
 def _threads_of(options: Any) -> int:
     """The intra-op threads a session's options ask (0, the runtime's default: one per CPU)."""
-    threads = getattr(options, "intra_op_num_threads", 0)
-    return min(threads, MAX_INTRA_OP_THREADS) if type(threads) is int and threads > 0 else 0
+    return asked_threads(getattr(options, "intra_op_num_threads", 0))
 
 
 def _result(future: Any, timeout: float | None) -> list[Any]:
