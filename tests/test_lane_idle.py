@@ -59,3 +59,33 @@ def test_a_lane_that_waits_for_ever_is_never_idle() -> None:
     lane._thread.join(60)
     assert lane.finished()
     assert lane.idled.empty()
+
+
+def test_a_lease_given_back_after_the_daemon_closed_the_gate_ends_the_lane_quietly() -> None:
+    """A daemon shutting down closes every lane's gate; a host holding a lease then finds
+    its client idle and gives the lease back on the closed gate. The lane must end there,
+    not die with a traceback (the daemon's log showed one from a host's lane thread)."""
+    import mmap
+    import threading
+
+    from npumanager.daemon.host.direct import DirectLane, Lease, Runs
+
+    raised: list[BaseException] = []
+    previous = threading.excepthook
+    threading.excepthook = lambda args: raised.append(args.exc_value)  # type: ignore[assignment,misc]
+    try:
+        client, lane_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        daemon_gate, host_gate = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pages = (mmap.mmap(-1, 4096), mmap.mmap(-1, 4096))
+        segment = Segment(mmap.mmap(-1, 4096), 4096)
+        lane = DirectLane(lane_end, host_gate, segment, pages, Runs(), (1, 0), WAIT_S)
+        lane._lease = Lease((1, 0), 1, 1, 1, time.monotonic_ns() + 10**9, 0, False)
+        daemon_gate.close()  # the daemon shut down
+        lane.idle_after(WAIT_S)
+        lane.start()
+        lane._thread.join(60)
+        assert lane.finished()
+        assert raised == []
+        client.close()
+    finally:
+        threading.excepthook = previous

@@ -23,6 +23,7 @@ import mmap
 import os
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -148,10 +149,18 @@ class DirectLane(LaneServer):
     def replied(self) -> None:
         done, self._done = self._done, None
         if done is not None:
-            self._send(done)
+            self._ending_on_a_closed_gate(lambda: self._send(done))
 
     def idle(self) -> None:
-        self.give_back()
+        self._ending_on_a_closed_gate(self.give_back)
+
+    def _ending_on_a_closed_gate(self, tell: Callable[[], None]) -> None:
+        """Tell the gate something between requests; if the daemon closed it (it is
+        shutting down, or dropped the connection), the lane ends."""
+        try:
+            tell()
+        except ModelHostError:
+            self.close()
 
     def give_back(self) -> None:
         """End the lease held (`DONE` with the runs it covered)."""
