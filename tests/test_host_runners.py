@@ -240,7 +240,14 @@ class DyingHost:
     def count(self, model: object, sidecars: object, allowed: int | None = None) -> object:
         return type("Counted", (), {"weight_bytes": 0})()
 
-    def open(self, device: int, counted: object, band: int, threads: object = None) -> object:
+    def open(
+        self,
+        device: int,
+        counted: object,
+        band: int,
+        threads: object = None,
+        options: object = None,
+    ) -> object:
         from npumanager.errors import ModelHostError
         from npumanager.vendor_drivers.realexec.session import InputSpec
 

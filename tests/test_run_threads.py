@@ -113,19 +113,15 @@ def test_through_a_daemon_the_host_starts_the_runtime_threads_the_app_asked(
 def test_under_run_a_session_asks_the_threads_of_its_own_options(
     start_onnxruntime: Callable[..., DaemonProcess], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from npumanager.run.managed import PROCESS
-    from npumanager.run.ort_session import managed_session_class
-    from npumanager.run.settings import REFUSE, Settings
+    from helpers.run_support import managed_sessions
 
     daemon = start_onnxruntime("--model-hosts")
     with npu.DaemonClient(daemon.socket) as admin:
         admin.set_uid_importance(os.getuid(), npu.IMPORTANCE_FOREGROUND)
-    monkeypatch.setenv("NPUMANAGER_SOCKET", str(daemon.socket))
-    managed_class = managed_session_class(ort, Settings(no_daemon=REFUSE))
     one = ort.SessionOptions()
     one.intra_op_num_threads = 1
-    sessions, counts = [], []
-    try:
+    counts = []
+    with managed_sessions(daemon.socket, monkeypatch) as (managed_class, sessions):
         for options in (one, one, None):  # None: the runtime's default, one per CPU
             sessions.append(managed_class(chain_model(), sess_options=options))
             assert type(sessions[-1]) is managed_class, "the managed session, not the fallback"
@@ -135,12 +131,6 @@ def test_under_run_a_session_asks_the_threads_of_its_own_options(
             counts.append(_threads_of(pid))
         by_one, by_default = counts[1] - counts[0], counts[2] - counts[1]
         assert by_default - by_one == CPUS - 1, counts
-    finally:
-        for session in sessions:
-            session._npu_model.close()
-        if PROCESS.manager is not None:
-            PROCESS.manager.close()
-            PROCESS.manager = None
 
 
 def test_the_threads_a_program_asks_are_read_from_its_runtimes_options() -> None:

@@ -6,6 +6,7 @@ depending on a driver.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -14,7 +15,14 @@ from pydantic import BaseModel, ValidationError
 
 from npumanager.errors import IllegalArgumentError, UnknownDeviceError
 from npumanager.schemas import NpuUuid
-from npumanager.schemas.limits import INT32_MAX, MAX_INTRA_OP_THREADS
+from npumanager.schemas.limits import (
+    INT32_MAX,
+    MAX_INTRA_OP_THREADS,
+    MAX_RUNTIME_OPTION_KEY,
+    MAX_RUNTIME_OPTION_VALUE,
+    MAX_RUNTIME_OPTIONS,
+    RUNTIME_OPTION_KEY_PATTERN,
+)
 
 GroupId = NpuUuid | uuid.UUID | bytes | str
 """The forms a work item's group id may be given in."""
@@ -46,6 +54,44 @@ def check_threads(threads: Any) -> int | None:
             f"{MAX_INTRA_OP_THREADS}; got {threads!r}"
         )
     return threads
+
+
+_OPTION_KEY = re.compile(RUNTIME_OPTION_KEY_PATTERN)
+
+
+def check_runtime_options(options: Any) -> dict[str, str] | None:
+    """A model's runtime ``options`` as a load takes them: None (or empty: the driver's
+    settings), else at most ``MAX_RUNTIME_OPTIONS`` names of the form
+    ``runtime.name`` (``onnxruntime.graph_optimization_level``) with string values."""
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise IllegalArgumentError(
+            f"options must be a mapping of option name to value; got {type(options).__name__}"
+        )
+    if len(options) > MAX_RUNTIME_OPTIONS:
+        raise IllegalArgumentError(
+            f"options holds {len(options)} entries; a load takes at most {MAX_RUNTIME_OPTIONS}"
+        )
+    checked: dict[str, str] = {}
+    for key, value in options.items():
+        if (
+            not isinstance(key, str)
+            or len(key) > MAX_RUNTIME_OPTION_KEY
+            or not _OPTION_KEY.match(key)
+        ):
+            raise IllegalArgumentError(
+                f"option name {key!r} is not allowed: it is the runtime, a dot and the "
+                f"runtime's own name (onnxruntime.graph_optimization_level), at most "
+                f"{MAX_RUNTIME_OPTION_KEY} characters"
+            )
+        if not isinstance(value, str) or len(value) > MAX_RUNTIME_OPTION_VALUE:
+            raise IllegalArgumentError(
+                f"option {key}'s value must be a string of at most {MAX_RUNTIME_OPTION_VALUE} "
+                f"characters; got {value!r:.80}"
+            )
+        checked[key] = value
+    return checked or None
 
 
 def check_device(device: Any, count: int) -> int:

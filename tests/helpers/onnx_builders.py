@@ -154,3 +154,70 @@ def lying_typed_model(declared: int, present: int) -> onnx.ModelProto:
     tensor = bare_tensor("c", [declared])
     tensor.float_data.extend([0.0] * present)
     return _model([], [tensor])
+
+
+def conv_batchnorm_model(channels: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """y = BatchNormalization(Conv(x)), x float32[1, 3, 16, 16]: ONNX Runtime's graph
+    optimisations fold the normalisation into the convolution's weights, so its output
+    differs in the last bits with them and without them."""
+    rng = np.random.default_rng(seed)
+    arrays = {
+        "W": rng.standard_normal((channels, 3, 3, 3)).astype(np.float32),
+        "B": rng.standard_normal(channels).astype(np.float32),
+        "scale": rng.uniform(0.5, 2, channels).astype(np.float32),
+        "bias": rng.standard_normal(channels).astype(np.float32),
+        "mean": rng.standard_normal(channels).astype(np.float32),
+        "var": rng.uniform(0.5, 2, channels).astype(np.float32),
+    }
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["y"]),
+        ],
+        "conv_batchnorm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, 16, 16])],
+        initializer=[numpy_helper.from_array(a, name) for name, a in arrays.items()],
+    )
+    return helper.make_model(graph, opset_imports=OPSET, ir_version=8)
+
+
+def zipmap_model() -> onnx.ModelProto:
+    """A classifier's tail: the probabilities of x float32[N, 3] as a tensor and as a
+    sequence of maps from class to probability (``ZipMap``, as converted scikit-learn
+    classifiers give them)."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Softmax", ["x"], ["p"], axis=1),
+            helper.make_node(
+                "ZipMap", ["p"], ["probs"], domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2]
+            ),
+        ],
+        "zipmap",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])],
+        [
+            helper.make_tensor_value_info("p", TensorProto.FLOAT, [None, 3]),
+            helper.make_value_info(
+                "probs",
+                helper.make_sequence_type_proto(
+                    helper.make_map_type_proto(
+                        TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, [])
+                    )
+                ),
+            ),
+        ],
+    )
+    return helper.make_model(
+        graph, opset_imports=[*OPSET, helper.make_opsetid("ai.onnx.ml", 3)], ir_version=8
+    )
+
+
+def strings_model() -> onnx.ModelProto:
+    """t = s, for s a string tensor of any length."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["s"], ["t"])],
+        "strings",
+        [helper.make_tensor_value_info("s", TensorProto.STRING, [None])],
+        [helper.make_tensor_value_info("t", TensorProto.STRING, [None])],
+    )
+    return helper.make_model(graph, opset_imports=OPSET, ir_version=8)

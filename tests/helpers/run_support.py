@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,3 +118,26 @@ def python(*args: str) -> list[str]:
 def without_hook() -> dict[str, str]:
     """The environment of a program run directly: no hook inherited from the test's own."""
     return {k: v for k, v in os.environ.items() if not k.startswith("NPUMANAGER_RUN")}
+
+
+@contextlib.contextmanager
+def managed_sessions(socket: Path, monkeypatch: Any) -> Iterator[tuple[type, list[Any]]]:
+    """In this process: `npu-manager run`'s session class for onnxruntime against the daemon
+    at `socket` (refusing to run unmanaged), and a list for the sessions made of it, each
+    closed at the end with the process's connection."""
+    import onnxruntime as ort
+
+    from npumanager.run.managed import PROCESS
+    from npumanager.run.ort_session import managed_session_class
+    from npumanager.run.settings import REFUSE, Settings
+
+    monkeypatch.setenv("NPUMANAGER_SOCKET", str(socket))
+    sessions: list[Any] = []
+    try:
+        yield managed_session_class(ort, Settings(no_daemon=REFUSE)), sessions
+    finally:
+        for session in sessions:
+            session._npu_model.close()
+        if PROCESS.manager is not None:
+            PROCESS.manager.close()
+            PROCESS.manager = None

@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import weakref
+from collections.abc import Mapping
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,12 +192,16 @@ class ManagedModel:
         settings: Settings,
         manager: npu.NpuManager,
         threads: int | None = None,
+        options: Mapping[str, str] | None = None,
     ) -> None:
         self.source = source
         self.settings = settings
         self.threads = threads
         """The threads the program asked its runtime to run the model on (0: the runtime's
         default, one per CPU), asked of the manager at each load."""
+        self.options = dict(options) if options else None
+        """The runtime options the program set that change what a run computes, asked of
+        the manager at each load (`NpuManager.load_model`)."""
         self.loads = 0
         """How many times the model was loaded (1 + each reload after an unload)."""
         self._pid = os.getpid()
@@ -344,7 +349,11 @@ class ManagedModel:
             manager.request_can_load_model(request, grant)
             grant.wait(request, self.settings.timeout_s)
             model = manager.load_model(
-                request, model=self.source.data, path=self.source.path, threads=self.threads
+                request,
+                model=self.source.data,
+                path=self.source.path,
+                threads=self.threads,
+                options=self.options,
             )
             manager.listener.notify_model_loaded(request)
         except DaemonUnavailableError:

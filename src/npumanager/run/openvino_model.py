@@ -44,6 +44,36 @@ def _source(path: Path) -> Source:
     return Source(path=path, data=None, nbytes=nbytes)
 
 
+_OPTIONS = {
+    "INFERENCE_PRECISION_HINT": ("f32", "bf16", "f16"),
+    "EXECUTION_MODE_HINT": ("ACCURACY", "PERFORMANCE"),
+}
+"""The compile properties that change what a run computes, and their values as asked."""
+
+
+def _options_of(config: Any) -> dict[str, str]:
+    """What a compile's config asks that changes what a run computes: as
+    ``load_model(options=)`` takes it (a value given as OpenVINO's own type or enum is
+    named as a string; one the manager does not take is left out)."""
+    asked = {}
+    for name, allowed in _OPTIONS.items():
+        try:
+            value = (config or {}).get(name)
+        except AttributeError:
+            return {}
+        if value is None:
+            continue
+        if isinstance(value, str):
+            named = value
+        elif hasattr(value, "get_type_name"):  # an ov.Type
+            named = value.get_type_name()
+        else:  # an enum of openvino.properties.hint
+            named = getattr(value, "name", str(value))
+        if named in allowed:
+            asked[f"openvino.{name}"] = named
+    return asked
+
+
 def _threads_of(config: Any) -> int:
     """The threads a compile's config asks (``INFERENCE_NUM_THREADS``; 0, OpenVINO's default:
     one per CPU)."""
@@ -279,7 +309,13 @@ def manage_core(module: ModuleType, settings: Settings) -> None:
         source = _source(path)
         read = model if not isinstance(model, str | os.PathLike) else original_read(self, model)
         with _as_runtime_errors():
-            managed = ManagedModel(source, settings, manager, threads=_threads_of(config))
+            managed = ManagedModel(
+                source,
+                settings,
+                manager,
+                threads=_threads_of(config),
+                options=_options_of(config),
+            )
         return ManagedCompiledModel(read, managed)
 
     read_model.__doc__ = original_read.__doc__

@@ -133,6 +133,23 @@ def signature(model: Any) -> Signature:
     )
 
 
+_CARRIED = frozenset(
+    f"tensor({name})" for name, dtype in _ELEMENT_TYPES.values() if dtype is not np.object_
+)
+"""The types the manager's data plane carries: tensors of numbers and booleans."""
+
+
+def uncarried(model: Signature) -> str | None:
+    """The first input or output of a model that the manager's data plane cannot carry
+    (strings, sequences, maps, optionals: a classifier's ``ZipMap``), said as
+    ``output 'probs' (seq(map(int64,tensor(float))))``; None when it carries them all."""
+    for role, args in (("input", model.inputs), ("output", model.outputs)):
+        for arg in args:
+            if arg.type not in _CARRIED:
+                return f"{role} {arg.name!r} ({arg.type})"
+    return None
+
+
 def runtime_error(errors: Any, kind: str, message: str) -> BaseException:
     """The runtime's own exception `kind` (`InvalidArgument`, `Fail`, ...) with its prefix."""
     error: BaseException = getattr(errors, kind)(_PREFIX.get(kind, "") + message)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from npumanager.errors import (
     IllegalArgumentError,
     NpuManagerError,
 )
+from npumanager.run._boot.npumanager_run_boot import WARNING_PREFIX
 from npumanager.run.managed import (
     PROCESS,
     HostLostError,
@@ -28,9 +30,9 @@ from npumanager.run.managed import (
     Source,
     asked_threads,
 )
-from npumanager.run.ort_inputs import Signature, check_feed, runtime_error, signature
+from npumanager.run.ort_inputs import Signature, check_feed, runtime_error, signature, uncarried
 from npumanager.run.ort_iobinding import ManagedIOBinding
-from npumanager.run.settings import Settings
+from npumanager.run.settings import REFUSE, Settings
 from npumanager.schemas.limits import RUN_TERMINATE_POLL_S
 
 _TERMINATED = "Exiting due to terminate flag being set to true."
@@ -128,8 +130,16 @@ def managed_session_class(ort: ModuleType, settings: Settings) -> type:
                 manager = PROCESS.connect(settings)
             if manager is None:
                 return original(path_or_bytes, *args, **kwargs)
+            source, proto = read_source(errors, path_or_bytes)
+            model = signature(proto)
+            del proto
+            foreign = uncarried(model)
+            if foreign is not None:
+                unmanaged(settings, foreign, errors)
+                return original(path_or_bytes, *args, **kwargs)
             session = object.__new__(cls)
             session._npu_manager = manager
+            session._npu_read = (source, model)
             return session
 
         def __init__(
@@ -149,15 +159,15 @@ def managed_session_class(ort: ModuleType, settings: Settings) -> type:
             self._sess_options = sess_options if sess_options is not None else ort.SessionOptions()
             self._providers = [p if isinstance(p, str) else p[0] for p in providers or ()]
             self._provider_options = list(provider_options or ())
-            source, proto = read_source(errors, path_or_bytes)
-            self._signature: Signature = signature(proto)
-            del proto
+            source, model = self.__dict__.pop("_npu_read")
+            self._signature: Signature = model
             with translated(errors):
                 self._npu_model = ManagedModel(
                     source,
                     settings,
                     self.__dict__.pop("_npu_manager"),
                     threads=_threads_of(self._sess_options),
+                    options=_options_of(self._sess_options),
                 )
             weakref.finalize(self, self._npu_model.close).atexit = False
 
@@ -281,9 +291,49 @@ def managed_session_class(ort: ModuleType, settings: Settings) -> type:
     return InferenceSession
 
 
+_WARNED: set[str] = set()
+"""The models this process was warned of, once each (`unmanaged`)."""
+
+
+def unmanaged(settings: Settings, foreign: str, errors: Any) -> None:
+    """A model whose ``foreign`` input or output the data plane cannot carry: refused with
+    the runtime's ``Fail`` where every model must go through the manager (``--no-daemon
+    refuse``), else run in the program's own process, unmanaged, with one warning line."""
+    why = f"its {foreign} cannot cross the manager's data plane (tensors of numbers only)"
+    if settings.no_daemon == REFUSE:
+        raise runtime_error(errors, "Fail", f"npu-manager refused the model: {why}")
+    if why not in _WARNED:
+        _WARNED.add(why)
+        sys.stderr.write(f"{WARNING_PREFIX} a model runs in this process, unmanaged: {why}\n")
+
+
 def _threads_of(options: Any) -> int:
     """The intra-op threads a session's options ask (0, the runtime's default: one per CPU)."""
     return asked_threads(getattr(options, "intra_op_num_threads", 0))
+
+
+_DEFAULT_LEVEL = 99
+"""ONNX Runtime's default graph optimisation level, ``ORT_ENABLE_ALL``."""
+_SWITCHED_ENTRIES = ("session.set_denormal_as_zero", "session.disable_prepacking")
+"""Session config entries that change a run, each on only when ``"1"`` (as the runtime
+reads them)."""
+
+
+def _options_of(options: Any) -> dict[str, str]:
+    """What a session's options set, away from the runtime's defaults, that changes what a
+    run computes: as ``load_model(options=)`` takes it (not ``execution_mode``: the host
+    runs a model's nodes in turn, on the threads granted)."""
+    asked = {}
+    level = getattr(options, "graph_optimization_level", _DEFAULT_LEVEL)
+    if int(level) != _DEFAULT_LEVEL:
+        asked["onnxruntime.graph_optimization_level"] = str(int(level))
+    for entry in _SWITCHED_ENTRIES:
+        try:
+            value = options.get_session_config_entry(entry)
+        except Exception:  # the runtime raises for an entry never set
+            continue
+        asked[f"onnxruntime.{entry}"] = "1" if value == "1" else "0"
+    return asked
 
 
 def _result(future: Any, timeout: float | None) -> list[Any]:

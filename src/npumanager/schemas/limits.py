@@ -62,6 +62,15 @@ MAX_RUNTIME_DEVICES: Final = 1 << 10
 """Devices a driver over a real runtime (``onnxruntime``, ``openvino``) may open."""
 MAX_INTRA_OP_THREADS: Final = 256
 """Threads one real-runtime session may use inside an operator."""
+MAX_RUNTIME_OPTIONS: Final = 16
+"""Runtime options (``load_model(options=)``) one model load may carry."""
+MAX_RUNTIME_OPTION_KEY: Final = 64
+"""Characters of a runtime option's name, its runtime's prefix included."""
+MAX_RUNTIME_OPTION_VALUE: Final = 128
+"""Characters of a runtime option's value."""
+RUNTIME_OPTION_KEY_PATTERN: Final = r"^[a-z][a-z0-9_]*\.[A-Za-z0-9_][A-Za-z0-9_.-]*$"
+"""A runtime option's name: its runtime (``onnxruntime``, ``openvino``), a dot, the
+runtime's own name for it."""
 DEFAULT_RUN_UNTIL_IDLE_MS: Final = 60_000
 """How much virtual time `~npumanager.Service.run_until_idle` gives at most, unless told."""
 

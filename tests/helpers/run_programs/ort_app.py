@@ -177,8 +177,25 @@ def crash(model: str, endless: str) -> None:
             say("lost", type(error).__name__, str(error).replace("\n", " "))
 
 
+def uncarried(model: str, kind: str) -> None:
+    """A model with a sequence-of-maps output (a classifier's ZipMap) or string tensors."""
+    try:
+        session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    except Exception as error:
+        say("refused", type(error).__name__, str(error).replace("\n", " "))
+        return
+    say("managed_session", hasattr(session, "_npu_model"))
+    if kind == "strings":
+        feed = {"s": np.array(["a", "bc"], dtype=object)}
+    else:
+        feed = {"x": np.array([[1.0, 2.0, 3.0]], np.float32)}
+    outputs = session.run(None, feed)
+    say("outputs", repr(outputs).replace("\n", " "))
+
+
 if __name__ == "__main__":
     {
+        "uncarried": uncarried,
         "api": api,
         "hundred": hundred,
         "fork": forking,

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 from npumanager.core.client.callbacks import ModelLoadRequestCallback, StatusListener
@@ -81,8 +82,19 @@ class Holder(Protocol[Model_co]):
         model: Any = None,
         path: Any = None,
         threads: int | None = None,
+        options: Mapping[str, str] | None = None,
     ) -> Model_co:
         """Put the granted request's model into driver memory."""
+
+
+def _asked(threads: int | None, options: Mapping[str, str] | None) -> dict[str, Any]:
+    """The ``threads`` and ``options`` a load was given, for a holder that may take neither."""
+    asked: dict[str, Any] = {}
+    if threads is not None:
+        asked["threads"] = threads
+    if options is not None:
+        asked["options"] = options
+    return asked
 
 
 class LeaseEndedError(NpuManagerError):
@@ -177,17 +189,18 @@ class _LeaseBase(Generic[Model]):
         model: Any = None,
         path: Any = None,
         threads: int | None = None,
+        options: Mapping[str, str] | None = None,
     ) -> Model:
         """Load the model into driver memory and report it loaded: ``weight_bytes`` on a
         simulated driver, the model itself (``model=`` or ``path=``) on a real one, its runs
-        on ``threads`` (`~npumanager.NpuManager.load_model`)."""
+        on ``threads`` with runtime ``options`` (`~npumanager.NpuManager.load_model`)."""
         loaded = self.manager.load_model(
             self.request,
             weight_bytes=weight_bytes,
             sram_bytes=sram_bytes,
             model=model,
             path=path,
-            **({} if threads is None else {"threads": threads}),
+            **_asked(threads, options),
         )
         self.models.append(loaded)
         if len(self.models) == 1:

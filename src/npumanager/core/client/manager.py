@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, overload
 
-from npumanager.checks import GroupId, check_threads
+from npumanager.checks import GroupId, check_runtime_options, check_threads
 from npumanager.core.arbiter.actions import RequestKey
 from npumanager.core.client.callbacks import (
     ModelLoadRequestCallback,
@@ -171,6 +171,7 @@ class InProcessBackend(Protocol):
         sram: int,
         *,
         threads: int | None = None,
+        options: Mapping[str, str] | None = None,
     ) -> LoadedModel:
         """Open a granted request's real model; its bytes are counted from it."""
 
@@ -281,6 +282,7 @@ class NpuManager:
         model: Any = None,
         path: Any = None,
         threads: int | None = None,
+        options: Mapping[str, str] | None = None,
     ) -> LoadedModel:
         """Put a granted request's model into driver memory, on the device it was given.
 
@@ -289,8 +291,13 @@ class NpuManager:
         ``threads`` asks how many threads each run of a real model may use (0: one per
         CPU, as the runtimes' own default; None: the driver's setting): never more than the
         CPUs, and one for a model loaded while its app is in a background band.
+        ``options`` are runtime options by ``runtime.name``, as the app would set them on
+        its runtime (``{"onnxruntime.graph_optimization_level": "0"}``): the driver of that
+        runtime applies them and refuses a name or value it does not take; a driver of
+        another runtime leaves them alone.
         """
         threads = check_threads(threads)
+        options = check_runtime_options(options)
         if model is None and path is None:
             if weight_bytes is None:
                 raise TypeError("give weight_bytes= (simulated drivers) or model=/path=")
@@ -298,7 +305,7 @@ class NpuManager:
         if weight_bytes is not None:
             raise TypeError("weight_bytes= is counted from model=/path=; give one or the other")
         return _in_process(self._service).load_real_model(
-            self, request, model, path, sram_bytes, threads=threads
+            self, request, model, path, sram_bytes, threads=threads, options=options
         )
 
     def shared_array(self, shape: int | tuple[int, ...], dtype: Any = "float32") -> Any:

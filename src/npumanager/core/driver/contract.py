@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
@@ -235,8 +235,8 @@ class RealExecution(Protocol):
         before anything is allocated for them, and refused over `max_weight_bytes` (what
         its grant allows). `sidecars` are the files it keeps weights in, as descriptors by
         name; no path named inside a model is ever resolved. A driver whose
-        ``takes_threaded`` is True also takes the model or its path as a ``Threaded``: the
-        threads its app asked the model's runs to use."""
+        ``takes_tuned`` is True also takes the model or its path as a ``Tuned``: the
+        threads and runtime options its app asked for the model's runs."""
 
     def model_bytes(self, model: int) -> int:
         """The weight bytes accounted for a loaded model."""
@@ -262,18 +262,30 @@ class RealExecution(Protocol):
 
 
 @dataclass(frozen=True)
-class Threaded:
-    """A model or its path (``load_model``'s ``model=`` or ``path=``) whose runs should use
-    ``threads`` threads, as its app asked (0: one per CPU)."""
+class Asked:
+    """What an app asked of the runtime for a model's runs: ``threads`` for each run (0: one
+    per CPU; None: the driver's setting) and runtime ``options`` by ``runtime.name``. A
+    driver applies the options of its own runtime, refuses an unknown name or a bad value
+    there, and leaves every other runtime's alone (an app written for another runtime may
+    run on it)."""
+
+    threads: int | None = None
+    options: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """A model or its path (``load_model``'s ``model=`` or ``path=``) with what its app
+    asked of the runtime."""
 
     source: Any
-    threads: int
+    asked: Asked = field(default_factory=Asked)
 
 
-def takes_threaded(driver: RealExecution) -> bool:
-    """True if the driver's ``load_model`` takes a ``Threaded`` model (the built-in real
-    drivers do: their ``takes_threaded`` is True)."""
-    return getattr(driver, "takes_threaded", False) is True
+def takes_tuned(driver: RealExecution) -> bool:
+    """True if the driver's ``load_model`` takes a ``Tuned`` model (the built-in real
+    drivers do: their ``takes_tuned`` is True)."""
+    return getattr(driver, "takes_tuned", False) is True
 
 
 @runtime_checkable

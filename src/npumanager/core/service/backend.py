@@ -18,7 +18,7 @@ from npumanager.checks import GroupId
 from npumanager.core.client.callbacks import ModelLoadRequestCallback, takes_reason
 from npumanager.core.client.dispatch import DeliveryStats, ExecutorLike, SerialQueue
 from npumanager.core.client.manager import LoadedModel, NpuManager
-from npumanager.core.driver.contract import RealExecution, Threaded, WorkHandle, takes_threaded
+from npumanager.core.driver.contract import Asked, RealExecution, Tuned, WorkHandle, takes_tuned
 from npumanager.core.driver.job import DirectRun, WorkMode
 from npumanager.core.service.requests import RequestRecord
 from npumanager.core.service.state import ServiceState
@@ -131,18 +131,20 @@ class LocalBackend:
         sidecars: Mapping[str, int] | None = None,
         *,
         threads: int | None = None,
+        options: Mapping[str, str] | None = None,
     ) -> LoadedModel:
         """Open a granted request's real model on its device; its bytes are counted from the
         model before anything is allocated, and a model over what the grant allows is
         refused (``sidecars``: the files it keeps weights in, as descriptors by name;
-        ``threads``: how many threads the app asked its runs to use, a hint that a
-        driver which takes no ``Threaded`` model does without)."""
+        ``threads`` and ``options``: what the app asked of the runtime, hints that a
+        driver which takes no ``Tuned`` model does without)."""
 
         def open_model(driver: RealExecution, device: int, allowed: int) -> int:
             given, where = (model, path)
-            if threads is not None and takes_threaded(driver):
-                given = None if model is None else Threaded(model, threads)
-                where = None if path is None else Threaded(path, threads)
+            if (threads is not None or options) and takes_tuned(driver):
+                asked = Asked(threads, dict(options or {}))
+                given = None if model is None else Tuned(model, asked)
+                where = None if path is None else Tuned(path, asked)
             return driver.load_model(
                 device,
                 model=given,

@@ -268,9 +268,15 @@ class DaemonClient(WireClient):
         sram: int,
         *,
         threads: int | None = None,
+        options: Mapping[str, str] | None = None,
     ) -> LoadedModel:
+        asked: dict[str, Any] = {}
+        if threads is not None:
+            asked["threads"] = threads
+        if options:
+            asked["options"] = dict(options)
         return remote_models.load(
-            self, self._inference.segment, manager, request, model, path, sram, threads
+            self, self._inference.segment, manager, request, model, path, sram, asked
         )
 
     def submit_inference(

@@ -10,7 +10,7 @@ A model sent as bytes brings no such files: one whose data lies elsewhere is ref
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,15 +44,14 @@ def load(
     model: Any,
     path: str | Path | None,
     sram_bytes: int,
-    threads: int | None = None,
+    asked: Mapping[str, Any] | None = None,
 ) -> LoadedModel:
     """Load a granted request's model in the daemon: a file by its descriptor, bytes in
-    the segment (small) or a memfd."""
+    the segment (small) or a memfd; ``asked``: what the app asked of the runtime, as the
+    wire's `LoadRealModel` takes it (``threads``, ``options``)."""
     if (model is None) == (path is None):
         raise IllegalArgumentError("give exactly one of model= (ONNX bytes) and path=")
-    common: dict[str, Any] = {"request_id": request.id, "sram_bytes": sram_bytes}
-    if threads is not None:
-        common["threads"] = threads
+    common: dict[str, Any] = {"request_id": request.id, "sram_bytes": sram_bytes, **(asked or {})}
     if path is not None:
         with open_model_files(path, DEFAULT_MAX_MODEL_FILE_BYTES) as files:
             result = wire.call(

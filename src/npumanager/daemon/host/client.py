@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from npumanager.core.driver.contract import Asked
 from npumanager.daemon.host import messages, shared
 from npumanager.daemon.host.grants import GrantPage, Grants
 from npumanager.daemon.host.memory import (
@@ -428,7 +429,7 @@ class ModelHost:
         return HostCounted(count_id, _count_of(header.get("weight_bytes")), room)
 
     def open(
-        self, device: int, counted: Counted, band: int, threads: int | None = None
+        self, device: int, counted: Counted, band: int, asked: Asked | None = None
     ) -> HostedSession:
         """Open a counted model in the host: its session as the daemon sees it."""
         assert isinstance(counted, HostCounted)
@@ -440,7 +441,8 @@ class ModelHost:
                 model=model_id,
                 device=device,
                 band=band,
-                threads=threads,
+                threads=None if asked is None else asked.threads,
+                options={} if asked is None else dict(asked.options),
             ).header
             inputs = _input_specs(header.get("inputs"))
             weight = _count_of(header.get("weight_bytes"))

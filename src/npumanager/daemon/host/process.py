@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from npumanager.core.driver.contract import Asked
 from npumanager.daemon.heap import give_back_memory
 from npumanager.daemon.host import messages
 from npumanager.daemon.host.direct import BACKGROUND_NICE, DirectLane, Runs, checked_lane
@@ -200,9 +201,8 @@ class Host(Runs):
     def _open(self, header: dict[str, Any], _: list[int]) -> dict[str, Any]:
         counted, kept = self._counted.pop(header["counted"])
         try:
-            session = self._driver.open_counted(
-                header["device"], counted, header["band"], header.get("threads")
-            )
+            asked = Asked(header.get("threads"), header.get("options") or {})
+            session = self._driver.open_counted(header["device"], counted, header["band"], asked)
         finally:
             _close(kept)
             give_back_memory()  # the file's bytes and the parsed model, before the limit falls

@@ -192,6 +192,7 @@ class InferenceCalls:
                     message.sram_bytes,
                     sidecars=dict(zip(names, fds[1:], strict=True)),
                     threads=message.threads,
+                    options=message.options,
                 )
                 if host is not None and host.last_opened is not None:
                     with contextlib.suppress(ModelHostError):  # its death unloads the model

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from npumanager.daemon.wire.base import Call, ProtocolError, WireModel, framed
 from npumanager.daemon.wire.tensors import DtypeName
@@ -18,9 +18,13 @@ from npumanager.schemas.limits import (
     MAX_FRAME_BYTES,
     MAX_INTRA_OP_THREADS,
     MAX_MODEL_SIDECARS,
+    MAX_RUNTIME_OPTION_KEY,
+    MAX_RUNTIME_OPTION_VALUE,
+    MAX_RUNTIME_OPTIONS,
     MAX_SIDECAR_NAME,
     MAX_TENSOR_DIMS,
     MAX_WIRE_TENSORS,
+    RUNTIME_OPTION_KEY_PATTERN,
 )
 from npumanager.schemas.types import Int32, NonNegativeInt64, Priority, Uid
 
@@ -71,6 +75,22 @@ class LoadRealModel(Call):
     threads: Annotated[int, Field(ge=0, le=MAX_INTRA_OP_THREADS)] | None = None
     """How many threads each run may use, as the app asked (0: one per CPU; absent: the
     driver's setting)."""
+    options: (
+        Annotated[
+            dict[
+                Annotated[
+                    str,
+                    StringConstraints(
+                        max_length=MAX_RUNTIME_OPTION_KEY, pattern=RUNTIME_OPTION_KEY_PATTERN
+                    ),
+                ],
+                Annotated[str, StringConstraints(max_length=MAX_RUNTIME_OPTION_VALUE)],
+            ],
+            Field(max_length=MAX_RUNTIME_OPTIONS),
+        ]
+        | None
+    ) = None
+    """Runtime options by ``runtime.name``, as the app asked (`NpuManager.load_model`)."""
 
 
 class Infer(Call):

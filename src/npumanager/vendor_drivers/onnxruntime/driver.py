@@ -23,6 +23,7 @@ import onnx
 import onnxruntime as ort  # type: ignore[import-untyped,unused-ignore]
 
 from npumanager.checks import check_int
+from npumanager.core.driver.contract import Asked
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas.device import DeviceSpec
 from npumanager.schemas.limits import (
@@ -31,6 +32,7 @@ from npumanager.schemas.limits import (
     REAL_DEFAULT_CAPACITY_BYTES,
     REAL_DEFAULT_CHANNELS,
 )
+from npumanager.vendor_drivers.onnxruntime.options import apply_options
 from npumanager.vendor_drivers.realexec.base import ModelSource, RealDriver, real_specs
 from npumanager.vendor_drivers.realexec.onnx_weights import (
     OnnxWeights,
@@ -68,10 +70,16 @@ class OrtSession:
     """One ONNX model in an `InferenceSession`."""
 
     def __init__(
-        self, counted: OnnxWeights, providers: Sequence[Any], threads: int, device: int
+        self,
+        counted: OnnxWeights,
+        providers: Sequence[Any],
+        threads: int,
+        device: int,
+        asked: Mapping[str, str] | None = None,
     ) -> None:
-        proto = inlined(counted)
         options = ort.SessionOptions()
+        apply_options(options, asked or {})  # a bad option is refused before any work
+        proto = inlined(counted)
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         # The pool threads spin within a run, as by default, but stop at its end: their
@@ -170,10 +178,8 @@ class OnnxRuntimeDriver(RealDriver):
     def _count(self, model: ModelSource, sidecars: Mapping[str, int]) -> OnnxWeights:
         return counted_model(model, sidecars)
 
-    def _open(
-        self, device: int, counted: Counted, band: int, threads: int | None = None
-    ) -> OrtSession:
+    def _open(self, device: int, counted: Counted, band: int, asked: Asked) -> OrtSession:
         assert isinstance(counted, OnnxWeights)
         background = is_background(band, len(self.specs[device].bands))
-        count = run_threads(threads, self.intra_op_threads, background)
-        return OrtSession(counted, self.providers, count, device)
+        count = run_threads(asked.threads, self.intra_op_threads, background)
+        return OrtSession(counted, self.providers, count, device, asked.options)

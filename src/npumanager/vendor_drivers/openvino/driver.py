@@ -41,6 +41,7 @@ import numpy as np
 import openvino as ov  # type: ignore[import-untyped,unused-ignore]
 
 from npumanager.checks import check_int
+from npumanager.core.driver.contract import Asked
 from npumanager.errors import IllegalArgumentError, UnknownDeviceError
 from npumanager.modelfiles import read_span
 from npumanager.schemas.device import DeviceSpec
@@ -52,6 +53,7 @@ from npumanager.schemas.limits import (
     REAL_DEFAULT_CHANNELS,
 )
 from npumanager.vendor_drivers.openvino.ir import count_ir, is_ir
+from npumanager.vendor_drivers.openvino.options import compile_options
 from npumanager.vendor_drivers.realexec.base import ModelSource, RealDriver, real_specs
 from npumanager.vendor_drivers.realexec.onnx_weights import OnnxWeights, counted_model, inlined
 from npumanager.vendor_drivers.realexec.session import Call, Counted, InputSpec, is_background
@@ -175,6 +177,7 @@ class OvSession:
         threads: int,
         props: dict[str, str],
         streams: int = 1,
+        asked: Mapping[str, str] | None = None,
     ) -> None:
         self.weight_bytes = _constant_bytes(model)
         self.target = device
@@ -193,6 +196,14 @@ class OvSession:
             # other idled. Unpinned, the OS spreads them.
             config["ENABLE_CPU_PINNING"] = False
         config.update({k: v for k, v in props.items() if k in self._listed})
+        wanted = compile_options(asked or {})
+        config.update({k: v for k, v in wanted.items() if k in self._listed})
+        if set(wanted) - set(self._listed):
+            log.info(
+                "%s takes no %s; the app's option is not applied",
+                device,
+                " / ".join(sorted(set(wanted) - set(self._listed))),
+            )
         try:
             self.compiled = core.compile_model(model, device, config)
         except Exception as exc:
@@ -344,19 +355,19 @@ class OpenVinoDriver(RealDriver):
     def _count(self, model: ModelSource, sidecars: Mapping[str, int]) -> OvCounted:
         return count_for_openvino(model, sidecars)
 
-    def _open(
-        self, device: int, counted: Counted, band: int, threads: int | None = None
-    ) -> OvSession:
+    def _open(self, device: int, counted: Counted, band: int, asked: Asked) -> OvSession:
         assert isinstance(counted, OvCounted)
+        compile_options(asked.options)  # a bad option is refused before the model is read
         bands = len(self.specs[device].bands)
         props = band_properties(band, bands)
         session = OvSession(
             self.core,
             _read(self.core, counted),
             self.device,
-            run_threads(threads, self.inference_threads, is_background(band, bands)),
+            run_threads(asked.threads, self.inference_threads, is_background(band, bands)),
             props,
             streams=self.specs[device].channels,
+            asked=asked.options,
         )
         session.weight_bytes = counted.weight_bytes
         return session

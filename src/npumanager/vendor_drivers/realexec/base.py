@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from npumanager.checks import check_int, check_threads
-from npumanager.core.driver.contract import Threaded
+from npumanager.checks import check_int, check_runtime_options, check_threads
+from npumanager.core.driver.contract import Asked, Tuned
 from npumanager.errors import CapacityError, IllegalArgumentError, UnknownModelError
 from npumanager.modelfiles import open_model_files
 from npumanager.schemas import EndReason, SchedulingConfig
@@ -46,14 +46,20 @@ ModelSource = bytes | Any | None
 """A model as a runtime takes it: bytes, or the runtime's own model object."""
 
 
-def _unthreaded(model: Any, path: Any) -> tuple[Any, Any, int | None]:
-    """The model and path without their ``Threaded`` wrapping, and the threads it asked."""
-    threads = None
-    if isinstance(model, Threaded):
-        model, threads = model.source, check_threads(model.threads)
-    if isinstance(path, Threaded):
-        path, threads = path.source, check_threads(path.threads)
-    return model, path, threads
+def checked(asked: Asked) -> Asked:
+    """``asked`` with its thread count and options checked (`IllegalArgumentError`)."""
+    options = check_runtime_options(dict(asked.options)) or {}
+    return Asked(check_threads(asked.threads), options)
+
+
+def _untuned(model: Any, path: Any) -> tuple[Any, Any, Asked]:
+    """The model and path without their ``Tuned`` wrapping, and what it asked (checked)."""
+    asked = Asked()
+    if isinstance(model, Tuned):
+        model, asked = model.source, model.asked
+    if isinstance(path, Tuned):
+        path, asked = path.source, path.asked
+    return model, path, checked(asked)
 
 
 def real_specs(
@@ -72,8 +78,8 @@ def real_specs(
 class RealDriver(Submission):
     """Models opened in a runtime and inferences submitted to the device's channels."""
 
-    takes_threaded = True
-    """``load_model`` takes a ``Threaded`` model or path (`takes_threaded`)."""
+    takes_tuned = True
+    """``load_model`` takes a ``Tuned`` model or path (`takes_tuned`)."""
 
     # For subclasses ---------------------------------------------------------------------
 
@@ -84,21 +90,20 @@ class RealDriver(Submission):
         `sidecars` are the files it keeps weights in, by name, as descriptors."""
 
     @abstractmethod
-    def _open(
-        self, device: int, counted: Counted, band: int, threads: int | None = None
-    ) -> Session:
-        """Open a counted model on a device's runtime (reading its weights files now);
-        ``threads`` is what the app asked for its runs (``realexec.threads.run_threads``)."""
+    def _open(self, device: int, counted: Counted, band: int, asked: Asked) -> Session:
+        """Open a counted model on a device's runtime (reading its weights files now), as
+        its app ``asked`` (checked): its threads (``realexec.threads.run_threads``) and the
+        runtime options of ``core.driver.contract.Asked``."""
 
     def count_model(self, model: ModelSource, sidecars: Mapping[str, int]) -> Counted:
         """Parse and count a model as `load_model` does (for a model host)."""
         return self._count(model, sidecars)
 
     def open_counted(
-        self, device: int, counted: Counted, band: int, threads: int | None = None
+        self, device: int, counted: Counted, band: int, asked: Asked | None = None
     ) -> Session:
         """Open a counted model as `load_model` does (for a model host)."""
-        return self._open(self._device(device), counted, band, check_threads(threads))
+        return self._open(self._device(device), counted, band, checked(asked or Asked()))
 
     def _band_changed(self, session: Session, device: int, uid: int) -> None:
         """Relay the band of the model's uid to the runtime (`Session.set_band`)."""
@@ -178,8 +183,9 @@ class RealDriver(Submission):
         """Open a model (`model=` bytes or a runtime model object, or `path=`) and account
         its real weight bytes; with only `weight_bytes`, account bytes without a session.
         A model `InHost` is parsed, opened and run in its host, not in this process.
-        A model or path given as a ``Threaded`` runs on the threads its app asked
-        (``realexec.threads.run_threads``); otherwise on the driver's setting.
+        A model or path given as a ``Tuned`` runs on the threads its app asked
+        (``realexec.threads.run_threads``) with the runtime options it asked; otherwise on
+        the driver's settings.
 
         The weights are counted from the model before anything is allocated for them: a
         model over `max_weight_bytes` (what its grant allows) or the device's free memory
@@ -197,7 +203,7 @@ class RealDriver(Submission):
             )
         if max_weight_bytes is not None:
             check_int("max_weight_bytes", max_weight_bytes, 0, INT64_MAX)
-        model, path, threads = _unthreaded(model, path)
+        model, path, asked = _untuned(model, path)
         if model is None and path is None:
             if weight_bytes is None:
                 raise IllegalArgumentError("give model=, path= or weight_bytes=")
@@ -213,7 +219,7 @@ class RealDriver(Submission):
             with open_model_files(path, DEFAULT_MAX_MODEL_FILE_BYTES) as files:
                 counted = self._count(files.data, files.sidecars)
                 self._check_counted(d, counted, weight_bytes, max_weight_bytes)
-                session = self._open(d, counted, band, threads)
+                session = self._open(d, counted, band, asked)
         elif isinstance(model, InHost):
             host = model.host
             counted = host.count(model.source, sidecars or {}, max_weight_bytes)
@@ -222,11 +228,11 @@ class RealDriver(Submission):
             except BaseException:
                 host.discard(counted)
                 raise
-            session = host.open(d, counted, band, threads)
+            session = host.open(d, counted, band, asked)
         else:
             counted = self._count(model, sidecars or {})
             self._check_counted(d, counted, weight_bytes, max_weight_bytes)
-            session = self._open(d, counted, band, threads)
+            session = self._open(d, counted, band, asked)
         try:
             handle = self._account(d, counted.weight_bytes, session)
         except Exception:

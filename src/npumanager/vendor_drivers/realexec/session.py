@@ -14,6 +14,7 @@ from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
+from npumanager.core.driver.contract import Asked
 from npumanager.errors import IllegalArgumentError
 from npumanager.schemas.device import DeviceSpec
 from npumanager.schemas.limits import MAX_EFFECTIVE_PRIORITY
@@ -113,8 +114,9 @@ class SessionHost(Protocol):
         """Parse the model there and count its weights (`allowed`: the most its grant
         allows, for the room the host is given meanwhile)."""
 
-    def open(self, device: int, counted: Counted, band: int, threads: int | None = None) -> Session:
-        """Open a model counted there: a session whose runs happen there."""
+    def open(self, device: int, counted: Counted, band: int, asked: Asked | None = None) -> Session:
+        """Open a model counted there, as its app ``asked``: a session whose runs happen
+        there."""
 
     def discard(self, counted: Counted) -> None:
         """Forget a counted model that will not be opened."""
