@@ -67,6 +67,23 @@ def asked_threads(value: Any) -> int:
     return min(threads, MAX_INTRA_OP_THREADS) if threads > 0 else 0
 
 
+_WARNED: set[str] = set()
+"""The uncarried models this process was warned of, once each (`run_unmanaged`)."""
+
+
+def run_unmanaged(settings: Settings, foreign: str) -> str | None:
+    """A model whose ``foreign`` input or output the data plane cannot carry: the reason
+    to refuse it where every model must go through the manager (``--no-daemon refuse``),
+    else None once one warning line says it runs in the program's own process."""
+    why = f"its {foreign} cannot cross the manager's data plane (tensors of numbers only)"
+    if settings.no_daemon == REFUSE:
+        return f"npu-manager refused the model: {why}"
+    if why not in _WARNED:
+        _WARNED.add(why)
+        sys.stderr.write(f"{WARNING_PREFIX} a model runs in this process, unmanaged: {why}\n")
+    return None
+
+
 @dataclass(frozen=True)
 class Source:
     """What a model is loaded from: a file (``path``) or its bytes (``data``)."""

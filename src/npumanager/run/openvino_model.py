@@ -20,7 +20,7 @@ import numpy as np
 
 from npumanager.errors import NpuManagerError
 from npumanager.run._boot.npumanager_run_boot import WARNING_PREFIX
-from npumanager.run.managed import PROCESS, ManagedModel, Source, asked_threads
+from npumanager.run.managed import PROCESS, ManagedModel, Source, asked_threads, run_unmanaged
 from npumanager.run.settings import Settings
 
 _PATH_ATTRIBUTE = "_npu_manager_path"
@@ -72,6 +72,23 @@ def _options_of(config: Any) -> dict[str, str]:
         if named in allowed:
             asked[f"openvino.{name}"] = named
     return asked
+
+
+_CARRIED = frozenset(
+    ("boolean", "f16", "f32", "f64", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
+)
+"""The element types the manager's data plane carries, as OpenVINO names them."""
+
+
+def _uncarried(model: Any) -> str | None:
+    """The first input or output of a read model that the data plane cannot carry (a
+    string tensor, say), as ``input 's' (string)``; None when it carries them all."""
+    for role, ports in (("input", model.inputs), ("output", model.outputs)):
+        for port in ports:
+            kind = port.get_element_type().get_type_name()
+            if kind not in _CARRIED:
+                return f"{role} {_name(port)!r} ({kind})"
+    return None
 
 
 def _threads_of(config: Any) -> int:
@@ -308,6 +325,12 @@ def manage_core(module: ModuleType, settings: Settings) -> None:
             return original_compile(self, model, device_name, config, **kwargs)
         source = _source(path)
         read = model if not isinstance(model, str | os.PathLike) else original_read(self, model)
+        foreign = _uncarried(read)
+        if foreign is not None:
+            refusal = run_unmanaged(settings, foreign)
+            if refusal is not None:
+                raise RuntimeError(refusal)
+            return original_compile(self, model, device_name, config, **kwargs)
         with _as_runtime_errors():
             managed = ManagedModel(
                 source,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -20,7 +19,6 @@ from npumanager.errors import (
     IllegalArgumentError,
     NpuManagerError,
 )
-from npumanager.run._boot.npumanager_run_boot import WARNING_PREFIX
 from npumanager.run.managed import (
     PROCESS,
     HostLostError,
@@ -29,10 +27,11 @@ from npumanager.run.managed import (
     RunCancelledError,
     Source,
     asked_threads,
+    run_unmanaged,
 )
 from npumanager.run.ort_inputs import Signature, check_feed, runtime_error, signature, uncarried
 from npumanager.run.ort_iobinding import ManagedIOBinding
-from npumanager.run.settings import REFUSE, Settings
+from npumanager.run.settings import Settings
 from npumanager.schemas.limits import RUN_TERMINATE_POLL_S
 
 _TERMINATED = "Exiting due to terminate flag being set to true."
@@ -135,7 +134,9 @@ def managed_session_class(ort: ModuleType, settings: Settings) -> type:
             del proto
             foreign = uncarried(model)
             if foreign is not None:
-                unmanaged(settings, foreign, errors)
+                refusal = run_unmanaged(settings, foreign)
+                if refusal is not None:
+                    raise runtime_error(errors, "Fail", refusal)
                 return original(path_or_bytes, *args, **kwargs)
             session = object.__new__(cls)
             session._npu_manager = manager
@@ -289,22 +290,6 @@ def managed_session_class(ort: ModuleType, settings: Settings) -> type:
     InferenceSession.__module__ = original.__module__
     InferenceSession.__qualname__ = original.__qualname__
     return InferenceSession
-
-
-_WARNED: set[str] = set()
-"""The models this process was warned of, once each (`unmanaged`)."""
-
-
-def unmanaged(settings: Settings, foreign: str, errors: Any) -> None:
-    """A model whose ``foreign`` input or output the data plane cannot carry: refused with
-    the runtime's ``Fail`` where every model must go through the manager (``--no-daemon
-    refuse``), else run in the program's own process, unmanaged, with one warning line."""
-    why = f"its {foreign} cannot cross the manager's data plane (tensors of numbers only)"
-    if settings.no_daemon == REFUSE:
-        raise runtime_error(errors, "Fail", f"npu-manager refused the model: {why}")
-    if why not in _WARNED:
-        _WARNED.add(why)
-        sys.stderr.write(f"{WARNING_PREFIX} a model runs in this process, unmanaged: {why}\n")
 
 
 def _threads_of(options: Any) -> int:
