@@ -29,6 +29,7 @@ LEAVES = {
     f"{PACKAGE}.errors",
     f"{PACKAGE}.checks",
     f"{PACKAGE}.modelfiles",
+    f"{PACKAGE}.runtime_options",
     f"{PACKAGE}.sortedlist",
     f"{PACKAGE}.apps.identity",
     f"{PACKAGE}.apps.device_users",

@@ -237,7 +237,7 @@ def test_under_run_a_session_asks_the_options_it_was_given(
 def test_the_options_a_program_set_are_read_from_its_runtimes_own() -> None:
     from npumanager.run.openvino_model import _options_of as openvino_options
     from npumanager.run.ort_session import _options_of as ort_options
-    from npumanager.vendor_drivers.onnxruntime.options import TAKEN
+    from npumanager.runtime_options import ONNXRUNTIME_TAKEN as TAKEN
 
     options = ort.SessionOptions()
     assert ort_options(options) == {}, "the runtime's defaults ask nothing"

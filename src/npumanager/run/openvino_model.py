@@ -22,6 +22,7 @@ from npumanager.errors import NpuManagerError
 from npumanager.run._boot.npumanager_run_boot import WARNING_PREFIX
 from npumanager.run.managed import PROCESS, ManagedModel, Source, asked_threads, run_unmanaged
 from npumanager.run.settings import Settings
+from npumanager.runtime_options import OPENVINO, OPENVINO_PROPERTIES
 
 _PATH_ATTRIBUTE = "_npu_manager_path"
 
@@ -44,19 +45,12 @@ def _source(path: Path) -> Source:
     return Source(path=path, data=None, nbytes=nbytes)
 
 
-_OPTIONS = {
-    "INFERENCE_PRECISION_HINT": ("f32", "bf16", "f16"),
-    "EXECUTION_MODE_HINT": ("ACCURACY", "PERFORMANCE"),
-}
-"""The compile properties that change what a run computes, and their values as asked."""
-
-
 def _options_of(config: Any) -> dict[str, str]:
     """What a compile's config asks that changes what a run computes: as
     ``load_model(options=)`` takes it (a value given as OpenVINO's own type or enum is
     named as a string; one the manager does not take is left out)."""
     asked = {}
-    for name, allowed in _OPTIONS.items():
+    for name, allowed in OPENVINO_PROPERTIES.items():
         try:
             value = (config or {}).get(name)
         except AttributeError:
@@ -70,7 +64,7 @@ def _options_of(config: Any) -> dict[str, str]:
         else:  # an enum of openvino.properties.hint
             named = getattr(value, "name", str(value))
         if named in allowed:
-            asked[f"openvino.{name}"] = named
+            asked[OPENVINO + name] = named
     return asked
 
 

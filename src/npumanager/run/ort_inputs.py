@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from npumanager.daemon.wire.tensors import DTYPES
 from npumanager.schemas.limits import INT64_MAX
 
 _ELEMENT_TYPES = {
@@ -134,9 +135,10 @@ def signature(model: Any) -> Signature:
 
 
 _CARRIED = frozenset(
-    f"tensor({name})" for name, dtype in _ELEMENT_TYPES.values() if dtype is not np.object_
+    f"tensor({name})" for name, dtype in _ELEMENT_TYPES.values() if np.dtype(dtype).name in DTYPES
 )
-"""The types the manager's data plane carries: tensors of numbers and booleans."""
+"""The types the manager's data plane carries (`daemon.wire.tensors.DTYPES`): tensors of
+numbers and booleans."""
 
 
 def uncarried(model: Signature) -> str | None:

@@ -32,6 +32,7 @@ from npumanager.run.managed import (
 from npumanager.run.ort_inputs import Signature, check_feed, runtime_error, signature, uncarried
 from npumanager.run.ort_iobinding import ManagedIOBinding
 from npumanager.run.settings import Settings
+from npumanager.runtime_options import ONNXRUNTIME, ONNXRUNTIME_CONFIG_ENTRIES
 from npumanager.schemas.limits import RUN_TERMINATE_POLL_S
 
 _TERMINATED = "Exiting due to terminate flag being set to true."
@@ -299,9 +300,6 @@ def _threads_of(options: Any) -> int:
 
 _DEFAULT_LEVEL = 99
 """ONNX Runtime's default graph optimisation level, ``ORT_ENABLE_ALL``."""
-_SWITCHED_ENTRIES = ("session.set_denormal_as_zero", "session.disable_prepacking")
-"""Session config entries that change a run, each on only when ``"1"`` (as the runtime
-reads them)."""
 
 
 def _options_of(options: Any) -> dict[str, str]:
@@ -311,13 +309,13 @@ def _options_of(options: Any) -> dict[str, str]:
     asked = {}
     level = getattr(options, "graph_optimization_level", _DEFAULT_LEVEL)
     if int(level) != _DEFAULT_LEVEL:
-        asked["onnxruntime.graph_optimization_level"] = str(int(level))
-    for entry in _SWITCHED_ENTRIES:
+        asked[f"{ONNXRUNTIME}graph_optimization_level"] = str(int(level))
+    for entry in ONNXRUNTIME_CONFIG_ENTRIES:
         try:
             value = options.get_session_config_entry(entry)
         except Exception:  # the runtime raises for an entry never set
             continue
-        asked[f"onnxruntime.{entry}"] = "1" if value == "1" else "0"
+        asked[ONNXRUNTIME + entry] = "1" if value == "1" else "0"  # on only as "1", as read
     return asked
 
 

@@ -87,8 +87,9 @@ class Holder(Protocol[Model_co]):
         """Put the granted request's model into driver memory."""
 
 
-def _asked(threads: int | None, options: Mapping[str, str] | None) -> dict[str, Any]:
-    """The ``threads`` and ``options`` a load was given, for a holder that may take neither."""
+def asked_fields(threads: int | None, options: Mapping[str, str] | None) -> dict[str, Any]:
+    """The ``threads`` and ``options`` a load was given, as keyword fields, left out when
+    unset: for a holder that may take neither, and as the wire's `LoadRealModel` takes them."""
     asked: dict[str, Any] = {}
     if threads is not None:
         asked["threads"] = threads
@@ -200,7 +201,7 @@ class _LeaseBase(Generic[Model]):
             sram_bytes=sram_bytes,
             model=model,
             path=path,
-            **_asked(threads, options),
+            **asked_fields(threads, options),
         )
         self.models.append(loaded)
         if len(self.models) == 1:

@@ -21,6 +21,7 @@ from typing import Any
 from npumanager import errors
 from npumanager.checks import check_int, group_bytes
 from npumanager.core.client.dispatch import DeliveryStats, ExecutorLike, SerialQueue
+from npumanager.core.client.lease import asked_fields
 from npumanager.core.client.manager import (
     Delivery,
     LoadedModel,
@@ -270,11 +271,7 @@ class DaemonClient(WireClient):
         threads: int | None = None,
         options: Mapping[str, str] | None = None,
     ) -> LoadedModel:
-        asked: dict[str, Any] = {}
-        if threads is not None:
-            asked["threads"] = threads
-        if options:
-            asked["options"] = dict(options)
+        asked = asked_fields(threads, options)
         return remote_models.load(
             self, self._inference.segment, manager, request, model, path, sram, asked
         )

@@ -177,7 +177,7 @@ class OvSession:
         threads: int,
         props: dict[str, str],
         streams: int = 1,
-        asked: Mapping[str, str] | None = None,
+        wanted: Mapping[str, str] | None = None,
     ) -> None:
         self.weight_bytes = _constant_bytes(model)
         self.target = device
@@ -196,7 +196,7 @@ class OvSession:
             # other idled. Unpinned, the OS spreads them.
             config["ENABLE_CPU_PINNING"] = False
         config.update({k: v for k, v in props.items() if k in self._listed})
-        wanted = compile_options(asked or {})
+        wanted = wanted or {}
         config.update({k: v for k, v in wanted.items() if k in self._listed})
         if set(wanted) - set(self._listed):
             log.info(
@@ -357,7 +357,7 @@ class OpenVinoDriver(RealDriver):
 
     def _open(self, device: int, counted: Counted, band: int, asked: Asked) -> OvSession:
         assert isinstance(counted, OvCounted)
-        compile_options(asked.options)  # a bad option is refused before the model is read
+        wanted = compile_options(asked.options)  # a bad option is refused before any work
         bands = len(self.specs[device].bands)
         props = band_properties(band, bands)
         session = OvSession(
@@ -367,7 +367,7 @@ class OpenVinoDriver(RealDriver):
             run_threads(asked.threads, self.inference_threads, is_background(band, bands)),
             props,
             streams=self.specs[device].channels,
-            asked=asked.options,
+            wanted=wanted,
         )
         session.weight_bytes = counted.weight_bytes
         return session

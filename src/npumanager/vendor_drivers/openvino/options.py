@@ -1,19 +1,12 @@
-"""The runtime options (``core.driver.contract.Tuned``) the OpenVINO driver applies when it
-compiles a model: those an app passes in its own ``compile_model`` config that change what
-a run computes, named ``openvino.`` and the runtime's own property name."""
+"""The ``openvino.`` runtime options (``npumanager.runtime_options``) as the properties the
+OpenVINO driver compiles a model with: those an app passes in its own ``compile_model``
+config that change what a run computes."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from npumanager.errors import IllegalArgumentError
-
-PREFIX = "openvino."
-TAKEN: dict[str, tuple[str, ...]] = {
-    "INFERENCE_PRECISION_HINT": ("f32", "bf16", "f16"),
-    "EXECUTION_MODE_HINT": ("ACCURACY", "PERFORMANCE"),
-}
-"""Every property this driver takes, and the values it takes for each."""
+from npumanager.runtime_options import OPENVINO, OPENVINO_PROPERTIES, check_value, not_taken
 
 
 def compile_options(asked: Mapping[str, str]) -> dict[str, str]:
@@ -22,18 +15,11 @@ def compile_options(asked: Mapping[str, str]) -> dict[str, str]:
     `IllegalArgumentError`, saying what is taken."""
     properties = {}
     for key, value in asked.items():
-        if not key.startswith(PREFIX):
+        if not key.startswith(OPENVINO):
             continue
-        name = key[len(PREFIX) :]
-        allowed = TAKEN.get(name)
+        name = key[len(OPENVINO) :]
+        allowed = OPENVINO_PROPERTIES.get(name)
         if allowed is None:
-            taken = ", ".join(PREFIX + option for option in TAKEN)
-            raise IllegalArgumentError(
-                f"the openvino driver takes no option {key!r}; it takes {taken}"
-            )
-        if value not in allowed:
-            raise IllegalArgumentError(
-                f"option {key} takes {', '.join(repr(v) for v in allowed)}; got {value!r}"
-            )
-        properties[name] = value
+            raise not_taken(key, OPENVINO, OPENVINO_PROPERTIES)
+        properties[name] = check_value(key, value, allowed)
     return properties
