@@ -26,6 +26,7 @@ Usage: python benchmarks/fairness_daemon.py [--json] [--quick] [--seconds S] [--
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import multiprocessing
 import os
 import statistics
@@ -149,9 +150,14 @@ def _app_process(app: App, path: str, go: Any, stop: Any, results: Any) -> None:
         thread.start()
     for thread in threads:
         thread.join(120)
+    hung = [thread for thread in threads if thread.is_alive()]
+    if hung:
+        print(f"fairness_daemon.py: {len(hung)} loop(s) of {app.name} hung:", file=sys.stderr)
+        faulthandler.dump_traceback(sys.stderr)
     for manager in managers:
         manager.close()
-    results.put((app.name, -1 if any(c[0] < 0 for c in counts) else sum(c[0] for c in counts)))
+    failed = hung or any(c[0] < 0 for c in counts)
+    results.put((app.name, -1 if failed else sum(c[0] for c in counts)))
 
 
 def through_daemon(
@@ -165,10 +171,12 @@ def through_daemon(
         path = Path(tmp) / "npu.sock"
         options = [f"--driver-option={key}={value}" for key, value in DRIVER_OPTIONS.items()]
         command = [*SERVE, "--driver", "onnxruntime", *options, *serve_args]
-        daemon = subprocess.Popen(
-            [*command, "--socket", str(path), "--socket-group", str(SOCKET_GID)],
-            stderr=subprocess.DEVNULL,
-        )
+        log = Path(tmp) / "daemon.log"
+        with log.open("wb") as written:
+            daemon = subprocess.Popen(
+                [*command, "--socket", str(path), "--socket-group", str(SOCKET_GID)],
+                stderr=written,
+            )
         try:
             deadline = time.monotonic() + 60
             while not path.exists():
@@ -187,9 +195,13 @@ def through_daemon(
                 process.start()
             time.sleep(2.0)  # the hosts start and load before the warm-up counts
             _window(go, stop, seconds)
-            counts = dict(results.get(timeout=120) for _ in apps)
+            counts = dict(results.get(timeout=180) for _ in apps)  # past a hung loop's bound
             if any(n < 0 for n in counts.values()):
-                raise SystemExit("fairness_daemon.py: an app's loop failed; no figures")
+                said = log.read_text(errors="replace").splitlines()[-20:]
+                raise SystemExit(
+                    "fairness_daemon.py: an app's loop failed; no figures. The daemon's "
+                    "last lines:\n" + "\n".join(said)
+                )
             for process in processes:
                 process.join(60)
         finally:

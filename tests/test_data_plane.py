@@ -14,6 +14,7 @@ import mmap
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import CancelledError
@@ -56,8 +57,8 @@ def served(daemon: Daemons) -> Iterator[Any]:
     and a client of it (`.service`, `.daemon`, `.client`, `.events` of a memory sink)."""
     made: list[Any] = []
 
-    def serve(**settings: Any) -> Any:
-        service = npu.Service("onnxruntime")
+    def serve(driver_options: dict[str, Any] | None = None, **settings: Any) -> Any:
+        service = npu.Service("onnxruntime", driver_options=driver_options)
         events = service.add_sink("memory").sink
         hosts = HostSettings("onnxruntime", **settings)
         running = daemon.on_a_thread(service, hosts=hosts)
@@ -136,16 +137,150 @@ def test_a_lease_covers_further_runs_until_the_model_is_unloaded(served: Any) ->
     wait_for(lambda: host.page.generation > before)  # the unload took the lease back
 
 
+@pytest.mark.parametrize("lease_us", [0, 2000])
 def test_a_run_past_its_timeout_is_cancelled_in_the_host_and_the_lane_goes_on(
-    served: Any,
+    served: Any, lease_us: int
 ) -> None:
-    setup = served(lease_us=0)
+    """Granted alone, or under a lease that is taken back (overrun) while the run goes on:
+    the cancel reaches the run in the host either way, and its failure is told."""
+    setup = served(lease_us=lease_us)
     endless = loaded(setup.client, endless_model(), request_id=2)
-    with pytest.raises(TimeoutError):
-        endless.run({"x": X}, timeout=0.5)
+    ended: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            endless.run({"x": X}, timeout=0.5)
+        except BaseException as exc:  # what ended the run is the result
+            ended.append(exc)
+
+    running = threading.Thread(target=run, daemon=True)
+    running.start()
+    running.join(WAIT_S)
+    assert not running.is_alive(), "the run was never stopped"
+    assert [type(exc) for exc in ended] == [TimeoutError]
     model = loaded(setup.client)
     assert [o.tolist() for o in model.run({"x": X})] == [o.tolist() for o in in_process(X)]
     assert stats(setup)["lanes_opened"] == 1, "the same lane, to the same live host"
+
+
+def stop_as_the_driver_would(setup: Any, model: Any, how: str) -> None:
+    """Stop the one live run: by restart preemption (to make room), the model's unload, the
+    client's cancel (what its timeout sends), or as failed (`inject_fault`)."""
+    driver = setup.service.driver
+    if how == "preempted":
+        with driver._lock:
+            (work,) = driver._work.values()
+            work.stopping = True
+            work.call.cancel()
+    elif how == "failed":
+        (work_id,) = driver._work
+        driver.inject_fault(work_id)
+    elif how == "unloaded":
+        threading.Thread(target=model.lease.__exit__, args=(None, None, None)).start()
+    else:
+        assert the_gate(setup).cancel()
+
+
+def the_gate(setup: Any) -> Any:
+    (connection,) = setup.daemon.transport.connections.values()
+    return connection.lane
+
+
+@pytest.mark.parametrize(
+    ("how", "ends_with"),
+    [
+        ("preempted", CancelledError),  # requeued, then cancelled by the test
+        ("unloaded", CancelledError),
+        ("cancelled", CancelledError),
+        ("failed", npu.ExecutionError),
+    ],
+)
+def test_a_run_stopped_as_its_lease_overran_is_requeued_or_ends_as_stopped(
+    served: Any, how: str, ends_with: type[BaseException]
+) -> None:
+    """The driver stops a leased run (its cancel on its way to the host) while the host is
+    too slow to answer before the lease overruns: the grant ends at the overrun, and the
+    run's failure comes after. It is asked for again if the driver would have requeued it,
+    else it ends cancelled: never a failure of the client's run, never a lane left waiting
+    (it once waited for ever, and then failed with the runtime's stop as its error), and
+    a run the host has had the daemon's word on is never asked for again."""
+    setup = served(lease_us=2000)
+    endless = loaded(setup.client, endless_model())
+    after = loaded(setup.client, request_id=2)
+    host, ended = the_host(setup), []
+
+    def run() -> None:
+        try:
+            endless.run({"x": X})
+        except BaseException as exc:  # what ended the run is the result
+            ended.append(exc)
+
+    def started() -> int:
+        work = [e for e in setup.events.events if type(e) is WorkEvent]
+        return sum(e.kind == EventKind.STARTED for e in work)
+
+    running = threading.Thread(target=run, daemon=True)
+    running.start()
+    wait_for(lambda: started() == 1 and host.grants.open == 1)
+    host.pause()  # the host hears of the stop only after the lease has overrun
+    try:
+        stop_as_the_driver_would(setup, endless, how)
+        wait_for(lambda: bool(the_gate(setup)._overran))  # its seq (once True)
+    finally:
+        host.resume()
+    if how == "preempted":
+        wait_for(lambda: started() == 2)  # asked for again: in line, and started over
+        assert running.is_alive() and not ended, ended
+        assert the_gate(setup).cancel()
+    running.join(WAIT_S)
+    assert not running.is_alive(), "the lane was left waiting"
+    assert [type(exc) for exc in ended] == [ends_with]
+    after.run({"x": X})
+    runs = 3 if how == "preempted" else 2  # the endless run (twice if requeued), this one
+    wait_for(lambda: started() >= runs)
+    assert started() == runs
+
+
+def test_a_cancel_on_one_lane_stops_no_run_of_another_lane_in_the_same_host(
+    served: Any,
+) -> None:
+    """Two connections of one app have their lanes in one host, and each lane counts its
+    runs from 1: the cancel of one lane's run 1 stops that run, not the other lane's run 1
+    (begun later), which goes on until its own cancel."""
+    setup = served(driver_options={"channels": 2}, lease_us=0)
+    other = npu.connect(setup.daemon.socket_path, uses_feature=True)
+    try:
+        clients = {"first": setup.client, "second": other}
+        models = {
+            name: loaded(client, endless_model(), request_id=1) for name, client in clients.items()
+        }
+        hosts = {id(c.host) for c in setup.daemon.transport.connections.values()}
+        assert len(hosts) == 1, "one app, one host"
+        ended: dict[str, BaseException] = {}
+
+        def run(name: str) -> None:
+            try:
+                models[name].run({"x": X})
+            except BaseException as exc:  # what ended the run is the result
+                ended[name] = exc
+
+        def started() -> int:
+            work = [e for e in setup.events.events if type(e) is WorkEvent]
+            return sum(e.kind == EventKind.STARTED for e in work)
+
+        threads = {name: threading.Thread(target=run, args=(name,)) for name in clients}
+        for count, name in enumerate(clients, start=1):
+            threads[name].start()
+            wait_for(lambda count=count: started() == count)  # the first begins first
+        clients["first"]._service._inference._cancel_lane()  # as its timeout would
+        threads["first"].join(WAIT_S)
+        assert isinstance(ended.get("first"), CancelledError), ended
+        assert "second" not in ended, f"the second lane's run was stopped: {ended}"
+        clients["second"]._service._inference._cancel_lane()
+        threads["second"].join(WAIT_S)
+        assert isinstance(ended.get("second"), CancelledError), ended
+    finally:
+        other.close()
 
 
 def test_a_host_killed_between_runs_is_told_and_a_new_host_serves_the_next_load(

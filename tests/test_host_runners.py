@@ -204,13 +204,33 @@ def test_a_cancel_after_its_run_ended_leaves_nothing_behind(
     control, host = host_on_a_thread
     runner = runner_of(control, 1)
     endless_run(runner, 5)
-    wait_for(lambda: 5 in host._calls)  # type: ignore[attr-defined]
+    wait_for(lambda: (1, 5) in host._calls)  # type: ignore[attr-defined]
     messages.send(control, {"op": "cancel", "run": 5, "runner": 1})
     assert "error" in ask(runner)
     messages.send(control, {"op": "cancel", "run": 5, "runner": 1})  # once more, too late
     messages.send(control, {"op": "band", "id": 3, "model": 99, "band": 0, "bands": 3})
     ask(control)
     assert host._early == {} and host._calls == {}  # type: ignore[attr-defined]
+
+
+def test_a_cancel_stops_only_its_runners_run_when_two_runners_use_the_same_run_id(
+    host_on_a_thread: tuple[socket.socket, object],
+) -> None:
+    """Each lane counts its runs from 1 (its gate's seq), so two lanes of one host (two
+    connections of one app) carry runs of the same id at once: a cancel names its runner."""
+    control, host = host_on_a_thread
+    first, second = runner_of(control, -1), runner_of(control, -2)
+    endless_run(first, 7)
+    endless_run(second, 7)
+    calls = host._calls  # type: ignore[attr-defined]
+    wait_for(lambda: len(calls) == 2)
+    messages.send(control, {"op": "cancel", "run": 7, "runner": -1})
+    assert ask(first)["error"] == "ExecutionError", "the first runner's run was cancelled"
+    (left,) = calls.values()
+    assert not left.cancelled, "the second runner's run of the same id runs on"
+    messages.send(control, {"op": "cancel", "run": 7, "runner": -2})
+    assert ask(second)["error"] == "ExecutionError"
+    assert host._early == {} and calls == {}  # type: ignore[attr-defined]
 
 
 # Through a daemon -------------------------------------------------------------------------

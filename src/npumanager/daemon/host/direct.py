@@ -72,8 +72,8 @@ class Runs:
         """`call` runs for `run_id` on `runner` (cancelled at once if cancelled before)."""
         raise NotImplementedError
 
-    def end(self, run_id: int) -> None:
-        """`run_id`'s call is over."""
+    def end(self, runner: int, run_id: int) -> None:
+        """`run_id`'s call on `runner` is over."""
         raise NotImplementedError
 
 
@@ -242,7 +242,7 @@ class DirectLane(LaneServer):
             exc.__traceback__ = None
             return exc
         finally:
-            self._runs.end(seq)
+            self._runs.end(self._index, seq)
 
     def _niced(self) -> ThreadPoolExecutor:
         if self._background is None:

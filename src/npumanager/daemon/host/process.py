@@ -55,7 +55,8 @@ class Host(Runs):
         self._send_lock = threading.Lock()
         self._counted: dict[int, tuple[Counted, list[int]]] = {}
         self._sessions: dict[int, Session] = {}
-        self._calls: dict[int, Call] = {}
+        self._calls: dict[tuple[int, int], Call] = {}
+        """The calls in flight by runner and run id (each lane counts its runs from 1)."""
         self._lock = threading.Lock()
         self._received: dict[int, int] = {}
         """The last run id each runner read: a cancel for a later one came before its run."""
@@ -141,7 +142,7 @@ class Host(Runs):
                     reply, out = _error(exc), None
                 finally:
                     _close(fds)
-                    self.end(run_id)
+                    self.end(index, run_id)
                 answer = reply.pop("payload", b"")
                 try:
                     messages.send(sock, reply, [] if out is None else [out], answer)
@@ -155,13 +156,13 @@ class Host(Runs):
         with self._lock:
             self._received[runner] = run_id
             early = self._early.pop(runner, None)
-            self._calls[run_id] = call
+            self._calls[runner, run_id] = call
         if early == run_id:
             call.cancel()
 
-    def end(self, run_id: int) -> None:
+    def end(self, runner: int, run_id: int) -> None:
         with self._lock:
-            self._calls.pop(run_id, None)
+            self._calls.pop((runner, run_id), None)
 
     def named(self, client: int, handle: int) -> tuple[int, Session]:
         model_id = self._names.get((client, handle))
@@ -245,7 +246,7 @@ class Host(Runs):
     def _cancel(self, header: dict[str, Any], _: list[int]) -> dict[str, Any]:
         run_id, runner = header["run"], header["runner"]
         with self._lock:
-            call = self._calls.get(run_id)
+            call = self._calls.get((runner, run_id))
             if call is None and run_id > self._received.get(runner, 0):
                 self._early[runner] = run_id
         if call is not None:

@@ -12,9 +12,10 @@ asking, until the lease's deadline, until the host gives it back, or until the d
 it back by moving the host's grant page on (a cancel, an unload, room made for more
 important work). A lease not given back `LEASE_OVERRUN_S` past its deadline is taken back
 and its channel freed; its grant, for the audit, stays open until the host speaks again
-(the `DONE` of the run it was in, or its next ask): a single run may outlast a lease. What
-the host computes beyond its grants is counted against it by the kernel
-(`daemon.server.audit`), never by its word.
+(the `DONE` of the run it was in, or its next ask): a single run may outlast a lease, and a
+cancel meanwhile (the client's timeout) goes to that run in the host. What the host
+computes beyond its grants is counted against it by the kernel (`daemon.server.audit`),
+never by its word.
 """
 
 from __future__ import annotations
@@ -93,14 +94,31 @@ class Gate(Served):
         self._granting = threading.Condition()
         self._granted = False
         """True while a thread that runs a grant reads the gate (for the host's `DONE`)."""
-        self._overran = False
-        """A lease overran: its grant stays open until the host's next frame."""
+        self._overran: int | None = None
+        """The seq of a lease that overran: its grant stays open until the host's next frame,
+        and a cancel goes to the run the host is in under it."""
+        self._asked: gate.Frame | None = None
+        """The host's last `ASK` (a run the driver stopped after its lease overran is asked
+        for again with it)."""
+        self._cancelled = self._stopped = self._told = 0
+        """The last seq the client cancelled, the last the driver stopped (`_stop`), and the
+        last the host was sent `END` for."""
         self._buffer = bytearray(gate.MAX_GATE_FRAME_BYTES)
         stats.tallied(self)
 
     def cancel(self) -> bool:
-        """Cancel the run the lane's host asked for: False if none is live."""
-        return self._running.cancel()
+        """Cancel the run the lane's host asked for, or the run it is in under a lease that
+        overran (no work of the driver's is live then): False if there is none."""
+        asked = self._asked
+        if asked is not None and self._running.cancel():
+            self._cancelled = asked.seq
+            return True
+        overran = self._overran
+        if overran is None:
+            return False
+        self._cancelled = overran
+        self._host.tell("cancel", run=overran, runner=self._index)
+        return True
 
     def tally(self) -> dict[str, int]:
         """What the lane's host says it ran (`daemon.wire.gate.TALLY`), never less than it
@@ -126,9 +144,10 @@ class Gate(Served):
                 frame = self._receive(None)
                 if frame is None:
                     return
-                self._close_overrun()
+                overran = self._close_overrun()
                 if frame.op == Op.DONE:
-                    continue  # a grant that ended here already (its lease overran)
+                    self._after_overrun(frame, overran)
+                    continue
                 if frame.op != Op.ASK:
                     raise IllegalArgumentError(f"a host sent {frame.op.name} where it may ask")
                 self._ask(frame)
@@ -147,15 +166,36 @@ class Gate(Served):
             self._sock.close()
             self._stats.retire(self)
 
-    def _close_overrun(self) -> None:
-        """The host spoke again (or is gone) after its lease overran: that grant ends."""
-        if self._overran:
-            self._overran = False
+    def _close_overrun(self) -> int | None:
+        """The host spoke again (or is gone) after its lease overran: that grant ends (its
+        seq returned, or None if none had overrun)."""
+        overran, self._overran = self._overran, None
+        if overran is not None:
             self._host.grants.closed()
+        return overran
 
-    def _ask(self, frame: gate.Frame) -> None:
+    def _after_overrun(self, frame: gate.Frame, overran: int | None) -> None:
+        """A `DONE` of a grant that ended here already (its lease overran). A run that
+        failed under it waits for the daemon's word, as any failed run does, and the
+        driver's work is over: cancelled if the client cancelled it; asked for again if
+        the driver stopped it (to make room: the driver would have requeued it); else
+        failed."""
+        seq = frame.seq
+        if frame.status == Done.COMPLETED or seq != overran or self._told == seq:
+            return  # it ran, or it has the daemon's word already
+        asked = self._asked
+        if self._cancelled == seq:
+            self._end(seq, Status.CANCELLED, 0, "", "")
+        elif self._stopped == seq and asked is not None and asked.seq == seq:
+            self._ask(asked, requeued=True)
+        else:
+            self._end(seq, Status.FAILED, 0, "ExecutionError", frame.text or "the run failed")
+
+    def _ask(self, frame: gate.Frame, requeued: bool = False) -> None:
         """Submit the run the host asks for, and wait until it ends; tell the host how it
-        ended unless it ran (the host knows then)."""
+        ended unless it ran (the host knows then). A run `requeued` that cannot be
+        submitted (its model unloaded) ended cancelled, as the driver's requeued work would."""
+        self._asked = frame
         seq = frame.seq
         try:
             connection = self._connection()
@@ -175,7 +215,10 @@ class Gate(Served):
             )
         except Exception as exc:
             error = call_error(0, exc, self._stats, "a lane request", self._uid)
-            self._end(seq, Status.REFUSED, 0, error.kind, error.message)
+            if requeued:
+                self._end(seq, Status.CANCELLED, 0, "", "")
+            else:
+                self._end(seq, Status.REFUSED, 0, error.kind, error.message)
             return
         stats = self._stats
         stats.inferences_direct += 1
@@ -230,7 +273,7 @@ class Gate(Served):
             )
             return self._done(seq, until)
         finally:
-            if not self._overran:
+            if self._overran is None:
                 host.grants.closed()
             with self._granting:
                 self._granted = False
@@ -248,7 +291,7 @@ class Gate(Served):
                 if not until:
                     raise ModelHostError(f"the model host {self._host.ending()}")
                 self._host.page.revoke()  # overran its lease: taken back
-                self._overran = True  # the run it is in keeps its grant until it speaks
+                self._overran = seq  # the run it is in keeps its grant until it speaks
                 return []
             if frame.op != Op.DONE:
                 self._host.kill()
@@ -263,12 +306,14 @@ class Gate(Served):
 
     def _stop(self, seq: int) -> None:
         """The driver cancels the grant: its lease is taken back and its run stopped."""
+        self._stopped = seq
         self._host.page.revoke()
         self._host.tell("cancel", run=seq, runner=self._index)
 
     # Frames -----------------------------------------------------------------------------
 
     def _end(self, seq: int, status: Status, work_id: int, kind: str, message: str) -> None:
+        self._told = seq
         text = f"{kind}: {message}" if kind else message
         with contextlib.suppress(ModelHostError):
             self._send(gate.encode(Op.END, seq, status=status, work_id=work_id, text=text))
