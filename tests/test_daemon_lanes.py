@@ -365,10 +365,11 @@ def test_two_callers_at_once_a_taken_lane_or_a_connection_with_one_already_still
     taken = RawApp(daemon)
     try:
         model = taken.granted_model(model_file)
-        RawLane(taken)  # this connection has a lane: the client's own is refused
+        held = RawLane(taken)  # this connection has a lane: the client's own is refused
         before = counters(daemon)["inferences_on_lane"]
         assert np.array_equal(model.run({"x": x})[0], expected)
         assert counters(daemon)["inferences_on_lane"] == before
+        del held
     finally:
         taken.close()
 

@@ -241,6 +241,37 @@ def test_a_run_stopped_as_its_lease_overran_is_requeued_or_ends_as_stopped(
     assert started() == runs
 
 
+def test_a_lane_refused_while_the_last_one_winds_down_is_opened_again_later(
+    served: Any,
+) -> None:
+    """A client whose lane closed (an interrupted exchange) opens a new one at its next run;
+    the daemon refuses it while the old lane's gate is still live (its host has not yet
+    seen the close). That refusal lasts only until the old lane has gone: the connection
+    gets a lane again, rather than running on the connection's path for good. And the old
+    lane goes as soon as its host has closed it (its gate's thread once waited for the live
+    host to die, up to `answer_s`, to say why it closed)."""
+    setup = served(lease_us=0, answer_s=3 * WAIT_S)
+    model = loaded(setup.client)
+    model.run({"x": X})
+    inference, host = setup.client._service._inference, the_host(setup)
+    old = the_gate(setup)
+    host.pause()  # the host's end of the old lane does not see the close yet
+    try:
+        inference._lane.close()  # as an exchange interrupted mid-way closes it
+        assert inference.lane() is None, "refused: the old lane is live"
+    finally:
+        host.resume()
+    wait_for(old.finished)
+    before = stats(setup)["inferences_on_lane"]
+
+    def on_a_new_lane() -> bool:
+        model.run({"x": X})
+        return bool(stats(setup)["inferences_on_lane"] > before)
+
+    wait_for(on_a_new_lane)
+    assert stats(setup)["lanes_opened"] == 2
+
+
 def test_a_cancel_on_one_lane_stops_no_run_of_another_lane_in_the_same_host(
     served: Any,
 ) -> None:

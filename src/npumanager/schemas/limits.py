@@ -202,6 +202,9 @@ DEFAULT_LANE_SPIN_US: Final = 200
 """How long a client polls its lane for a reply before it sleeps in ``recv``, while the lane's
 replies have been coming within that (``connect(lane_spin_us=...)``; 0: never poll)."""
 MAX_LANE_SPIN_US: Final = 10_000
+LANE_AGAIN_S: Final = 1.0
+"""How long a daemon client whose lane the daemon refused runs on its connection before it
+asks for a lane again (the refusal may pass: the last lane may still be winding down)."""
 DEFAULT_LEASE_US: Final = 2000
 """How long a model host's grant leases its channel for further runs of the same model and
 priority without asking the daemon (``serve --lease-us``; 0: it asks before every run)."""

@@ -40,6 +40,7 @@ from npumanager.daemon.wire.lane import (
 )
 from npumanager.errors import DaemonUnavailableError, NpuManagerError, UnknownWorkError
 from npumanager.schemas import EndReason, NpuUuid
+from npumanager.schemas.limits import LANE_AGAIN_S
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,9 @@ class RemoteInference:
         self._out_bytes: dict[int, int] = {}
         """The most output bytes each model has needed so far."""
         self._lane: ClientLane | None = None
-        self._lane_refused = False
+        self._lane_again_at = 0.0
+        """When to ask for a lane again after a refusal (`time.monotonic`)."""
+        self._lane_refusals = 0
 
     def segment(self) -> ClientSegment:
         """The connection's segment, made and attached on first use."""
@@ -160,12 +163,13 @@ class RemoteInference:
 
     def lane(self) -> ClientLane | None:
         """The connection's lane, taken for one run: opened on first use; None when the
-        daemon refused one, it closed, or another thread has it."""
+        daemon refused one (asked for again `LANE_AGAIN_S` later: a refusal may be
+        passing, as while the last lane winds down), or another thread has it."""
         self.segment()  # a lane's frames name places in it: the daemon (or a host) maps it first
         with self._lock:
             if self._lane is not None and not self._lane.open:
                 self._lane = None  # its far end went (a model host's death): a new one
-            if self._lane is None and not self._lane_refused:
+            if self._lane is None and time.monotonic() >= self._lane_again_at:
                 self._lane = self._open_lane()
             lane = self._lane
         return lane if lane is not None and lane.try_take() else None
@@ -177,8 +181,10 @@ class RemoteInference:
         try:
             self._wire.call(p.OpenLane, fds=[theirs.fileno()])
         except NpuManagerError as exc:
-            log.info("no inference lane (%s); runs take the connection", exc)
-            self._lane_refused = True
+            if not self._lane_refusals:
+                log.info("no inference lane (%s); runs take the connection meanwhile", exc)
+            self._lane_refusals += 1
+            self._lane_again_at = time.monotonic() + LANE_AGAIN_S
             mine.close()
             return None
         finally:

@@ -53,6 +53,12 @@ if TYPE_CHECKING:
     from npumanager.daemon.server.connection import Connection
 
 
+class GateClosedError(ModelHostError):
+    """The host's end of a gate closed: its lane ended (its client closed it), or the host
+    did. Why the host ended is asked for (which may wait for its reader) only where a run
+    in flight fails with it."""
+
+
 class Gate(Served):
     """One connection's lane in its host, as the connection sees it (`cancel`, `close`),
     and the thread that answers the host's asks."""
@@ -272,6 +278,8 @@ class Gate(Served):
                 )
             )
             return self._done(seq, until)
+        except GateClosedError:
+            raise ModelHostError(f"the model host {host.ending()}") from None
         finally:
             if self._overran is None:
                 host.grants.closed()
@@ -288,8 +296,6 @@ class Gate(Served):
                 timeout = max(0.0, (until - time.monotonic_ns()) / 1e9 + LEASE_OVERRUN_S)
             frame = self._receive(timeout)
             if frame is None:
-                if not until:
-                    raise ModelHostError(f"the model host {self._host.ending()}")
                 self._host.page.revoke()  # overran its lease: taken back
                 self._overran = seq  # the run it is in keeps its grant until it speaks
                 return []
@@ -322,11 +328,11 @@ class Gate(Served):
         try:
             self._sock.sendall(frame)
         except OSError:
-            raise ModelHostError(f"the model host {self._host.ending()}") from None
+            raise GateClosedError("the model host closed the lane's gate") from None
 
     def _receive(self, timeout: float | None) -> gate.Frame | None:
         """The host's next frame (checked: `IllegalArgumentError`), None after `timeout`
-        seconds; `ModelHostError` when the host is gone."""
+        seconds; `GateClosedError` when the host's end has closed."""
         sock = self._sock
         try:
             if timeout is not None:
@@ -341,7 +347,7 @@ class Gate(Served):
         except OSError:
             size = 0
         if size == 0:
-            raise ModelHostError(f"the model host {self._host.ending()}")
+            raise GateClosedError("the model host closed the lane's gate")
         return gate.decode(memoryview(self._buffer)[:size])
 
 
