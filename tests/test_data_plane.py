@@ -48,6 +48,7 @@ from npumanager.telemetry import ModelLoadState, ModelLoadStateChanged  # noqa: 
 from npumanager.vendor_drivers.realexec.chain import chain_model  # noqa: E402
 
 LYING_HOST = Path(__file__).parent / "helpers" / "lying_host.py"
+DEAF_HOST = Path(__file__).parent / "helpers" / "deaf_host.py"
 X = np.full((8, 256), 0.25, np.float32)
 
 
@@ -270,6 +271,39 @@ def test_a_lane_refused_while_the_last_one_winds_down_is_opened_again_later(
 
     wait_for(on_a_new_lane)
     assert stats(setup)["lanes_opened"] == 2
+
+
+@pytest.mark.parametrize("lease_us", [0, 2000])
+def test_a_cancel_the_host_does_not_heed_frees_the_channel_all_the_same(
+    served: Any, lease_us: int
+) -> None:
+    """One channel; a host that ignores the daemon's cancels (`helpers/deaf_host.py`). Its
+    run past its timeout goes on in the host, but the cancel ended the driver's work: the
+    channel goes to the next run, with a lease or without."""
+    setup = served(
+        driver_options={"channels": 1},
+        lease_us=lease_us,
+        command=(sys.executable, str(DEAF_HOST)),
+    )
+    endless, after = loaded(setup.client, endless_model()), loaded(setup.client, request_id=2)
+
+    def unanswered() -> None:
+        with pytest.raises(npu.NpuManagerError):  # when the host is killed, at the end
+            endless.run({"x": X}, timeout=0.5)
+
+    threading.Thread(target=unanswered, daemon=True).start()
+
+    def started() -> bool:
+        work = [e for e in setup.events.events if type(e) is WorkEvent]
+        return any(e.kind == EventKind.STARTED for e in work)
+
+    wait_for(started)  # the endless run has the channel
+    ran: list[Any] = []
+    beside = threading.Thread(target=lambda: ran.append(after.run({"x": X})), daemon=True)
+    beside.start()  # the lane is taken: this run goes by the connection, to the same host
+    beside.join(WAIT_S)
+    assert ran, "the next run never had the channel"
+    assert [o.tolist() for o in ran[0]] == [o.tolist() for o in in_process(X)]
 
 
 def test_a_cancel_on_one_lane_stops_no_run_of_another_lane_in_the_same_host(
