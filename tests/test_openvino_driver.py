@@ -144,7 +144,7 @@ def test_wrong_inputs_are_refused() -> None:
 
 
 def test_cancel_stops_a_running_request() -> None:
-    with OpenVinoDriver(devices=[{"channels": 1}]) as driver:
+    with OpenVinoDriver(devices=[{"channels": 1}], background_idle=False) as driver:
         model = driver.load_timed_model()
         running = driver.submit_future(model, Job(1), driver.timed_inputs(model, 2_000))
         while driver.device_state(0).running[0] != running.work_id and not running.done():
