@@ -306,6 +306,46 @@ def test_a_cancel_the_host_does_not_heed_frees_the_channel_all_the_same(
     assert [o.tolist() for o in ran[0]] == [o.tolist() for o in in_process(X)]
 
 
+@pytest.mark.parametrize(("lease_us", "path"), [(0, "lane"), (2000, "lane"), (0, "runner")])
+def test_a_stop_the_host_does_not_heed_counts_as_granted_for_stopped_grant_s_only(
+    served: Any, lease_us: int, path: str
+) -> None:
+    """A host that ignores the daemon's cancels (`helpers/deaf_host.py`) goes on with its
+    endless run; that run's grant counts `STOPPED_GRANT_S` past the cancel and no more, so
+    the audit holds what the host computes after it against the host (on its lane, with a
+    lease or without, and on a runner: the connection's own path)."""
+    setup = served(
+        driver_options={"channels": 1},
+        lease_us=lease_us,
+        command=(sys.executable, str(DEAF_HOST)),
+    )
+    endless = loaded(setup.client, endless_model())
+    host = the_host(setup)
+    if path == "lane":
+
+        def unanswered() -> None:
+            with pytest.raises(npu.NpuManagerError):  # when the host is killed, at the end
+                endless.run({"x": X}, timeout=0.5)  # its timeout's cancel is not heeded
+
+        threading.Thread(target=unanswered, daemon=True).start()
+    else:
+        work = endless.submit({"x": X})
+
+    def started() -> bool:
+        events = [e for e in setup.events.events if type(e) is WorkEvent]
+        return any(e.kind == EventKind.STARTED for e in events)
+
+    wait_for(started)
+    if path == "runner":
+        assert work.cancel()
+    wait_for(lambda: host.grants.unheeded == 1)  # STOPPED_GRANT_S after the cancel
+    before, since = host.grants.total_ns(), time.monotonic_ns()
+    while time.monotonic_ns() < since + 100_000_000:
+        time.sleep(0.1)
+    assert host.grants.total_ns() == before, "the unheeded run is on the host's own account"
+    assert host.grants.open == 1 and host.dead is None, "the premise: the host runs it still"
+
+
 def test_a_cancel_on_one_lane_stops_no_run_of_another_lane_in_the_same_host(
     served: Any,
 ) -> None:

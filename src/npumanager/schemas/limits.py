@@ -224,6 +224,10 @@ THROTTLE_S: Final = 0.5
 LEASE_OVERRUN_S: Final = 0.1
 """How long past its deadline a lease may go before the daemon takes it back and frees its
 channel (the run in progress keeps its grant, for the audit, until the host speaks again)."""
+STOPPED_GRANT_S: Final = 1.0
+"""How long a model host's grant still counts, for the audit, after the daemon stopped the
+run under it (a cancel, an unload, room made): a host that goes on computing past it is
+over its grants (throttled, then killed), as one that ran without asking would be."""
 DEFAULT_MAX_INFERENCES_PER_CONNECTION: Final = 256
 """Inferences one daemon connection may have in flight (with the per-uid connection cap,
 one uid cannot fill the driver's live work)."""

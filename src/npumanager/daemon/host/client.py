@@ -244,7 +244,7 @@ class ModelHost:
             if self.dead is not None:
                 raise ModelHostError(f"the model host {self.dead}")
             self._waiting[request_id] = waiting
-        self.grants.opened()  # parsing and opening a model is work the daemon asked for
+        grant = self.grants.opened()  # parsing and opening a model is work it was asked for
         self.tell(op, fds, payload, id=request_id, **fields)
         try:
             limit = self.settings.answer_s if timeout is not None and timeout < 0 else timeout
@@ -256,7 +256,7 @@ class ModelHost:
                 "it was killed"
             ) from None
         finally:
-            self.grants.closed()
+            self.grants.closed(grant)
         if answer is None:
             # A fresh error: one stored in the future would keep, through its traceback,
             # every frame it passed (a lane's holds a client's segment) in a cycle.
@@ -288,14 +288,19 @@ class ModelHost:
         time limit; `call`'s cancel stops it."""
         runner = self._borrow(call.background)
         run_id = next(self._ids)
-        call.arm(lambda: self.tell("cancel", run=run_id, runner=runner.index))
+        grant = self.grants.opened()
+
+        def stop() -> None:
+            self.grants.stopped(grant)
+            self.tell("cancel", run=run_id, runner=runner.index)
+
         sending = list(fds)
         if segment is not None:
             fields["segment"] = segment.id
             if runner.segment != segment.id:
                 sending.insert(0, segment.fd)
-        self.grants.opened()
         try:
+            call.arm(stop)
             messages.send(runner.sock, {"run": run_id, **fields}, sending, payload)
             answer = messages.receive(runner.sock)
         except IllegalArgumentError as exc:
@@ -304,7 +309,7 @@ class ModelHost:
         except OSError:
             answer = None
         finally:
-            self.grants.closed()
+            self.grants.closed(grant)
         if answer is None:
             runner.sock.close()
             raise ModelHostError(f"the model host {self.ending()}")

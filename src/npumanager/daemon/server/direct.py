@@ -13,7 +13,9 @@ it back by moving the host's grant page on (a cancel, an unload, room made for m
 important work). A lease not given back `LEASE_OVERRUN_S` past its deadline is taken back
 and its channel freed; its grant, for the audit, stays open until the host speaks again
 (the `DONE` of the run it was in, or its next ask): a single run may outlast a lease, and a
-cancel meanwhile (the client's timeout) goes to that run in the host. What the host
+cancel meanwhile (the client's timeout) goes to that run in the host. A grant the daemon
+stopped (a cancel, an unload, room made) counts `STOPPED_GRANT_S` more at most: a host that
+does not heed the stop is over its grants. What the host
 computes beyond its grants is counted against it by the kernel (`daemon.server.audit`),
 never by its word.
 """
@@ -103,6 +105,8 @@ class Gate(Served):
         self._overran: int | None = None
         """The seq of a lease that overran: its grant stays open until the host's next frame,
         and a cancel goes to the run the host is in under it."""
+        self._grant_id = 0
+        """The id of the last grant this gate opened (`ModelHost.grants`)."""
         self._asked: gate.Frame | None = None
         """The host's last `ASK` (a run the driver stopped after its lease overran is asked
         for again with it)."""
@@ -123,6 +127,7 @@ class Gate(Served):
         if overran is None:
             return False
         self._cancelled = overran
+        self._host.grants.stopped(self._grant_id)
         self._host.tell("cancel", run=overran, runner=self._index)
         return True
 
@@ -177,7 +182,7 @@ class Gate(Served):
         seq returned, or None if none had overrun)."""
         overran, self._overran = self._overran, None
         if overran is not None:
-            self._host.grants.closed()
+            self._host.grants.closed(self._grant_id)
         return overran
 
     def _after_overrun(self, frame: gate.Frame, overran: int | None) -> None:
@@ -261,11 +266,11 @@ class Gate(Served):
             raise ExecutionError("the model is not in this lane's host")
         with self._granting:
             self._granted = True
-        host.grants.opened()
+        self._grant_id = grant = host.grants.opened()
         try:
             lease = self._lease_ns
             until = time.monotonic_ns() + lease if lease else 0
-            call.arm(lambda: self._stop(seq))
+            call.arm(lambda: self._stop(seq, grant))
             self._send(
                 gate.encode(
                     Op.GO,
@@ -282,7 +287,7 @@ class Gate(Served):
             raise ModelHostError(f"the model host {host.ending()}") from None
         finally:
             if self._overran is None:
-                host.grants.closed()
+                host.grants.closed(grant)
             with self._granting:
                 self._granted = False
                 self._granting.notify_all()
@@ -310,9 +315,11 @@ class Gate(Served):
                 return []
             raise ExecutionError(frame.text or "the run failed")
 
-    def _stop(self, seq: int) -> None:
-        """The driver cancels the grant: its lease is taken back and its run stopped."""
+    def _stop(self, seq: int, grant: int) -> None:
+        """The driver cancels the grant: its lease is taken back, its run stopped, and its
+        time counts `STOPPED_GRANT_S` more at most."""
         self._stopped = seq
+        self._host.grants.stopped(grant)
         self._host.page.revoke()
         self._host.tell("cancel", run=seq, runner=self._index)
 
