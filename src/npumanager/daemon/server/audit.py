@@ -100,9 +100,18 @@ class HostAudit:
                 self._thread.start()
 
     def stop(self) -> None:
-        """End the thread (the hosts are left as they are)."""
+        """End the thread, and let every host it throttled go on (nothing else would)."""
         self._stopping = True
         self._wake.set()
+        self._resume_all()
+
+    def _resume_all(self) -> None:
+        with self._lock:
+            watched = list(self._watched.values())
+        for entry in watched:
+            if entry.throttled_until:
+                entry.throttled_until = 0.0
+                entry.host.resume()
 
     def describe(self) -> dict[str, object]:
         """For `info`: the period, and how many hosts were throttled and killed."""
@@ -117,7 +126,7 @@ class HostAudit:
         while not self._stopping:
             self._wake.wait(self.period_s)
             if self._stopping:
-                return
+                break
             with self._lock:
                 watched = list(self._watched.values())
             for entry in watched:
@@ -126,6 +135,7 @@ class HostAudit:
                 except Exception:  # one host's reading must not end the audit of the rest
                     log.exception("auditing model host %d failed", entry.host.pid)
             self.periods += 1
+        self._resume_all()  # one it stopped while `stop` ran
 
     def check(self, entry: Watched) -> None:
         """One period's reading of one host: within its grants, throttled, or killed."""
