@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import npumanager as npu
 from helpers.daemon_support import WAIT_S, Daemons
-from helpers.real_daemon import endless_model, wait_for
+from helpers.real_daemon import endless_model, stopped, wait_for
 from npumanager.core.driver.events import EventKind, WorkEvent
 from npumanager.daemon.host.grants import GrantPage, Grants
 from npumanager.daemon.wire import gate
@@ -205,7 +205,7 @@ def test_a_run_stopped_as_its_lease_overran_is_requeued_or_ends_as_stopped(
     else it ends cancelled: never a failure of the client's run, never a lane left waiting
     (it once waited for ever, and then failed with the runtime's stop as its error), and
     a run the host has had the daemon's word on is never asked for again."""
-    setup = served(lease_us=2000)
+    setup = served(lease_us=100_000)
     endless = loaded(setup.client, endless_model())
     after = loaded(setup.client, request_id=2)
     host, ended = the_host(setup), []
@@ -222,8 +222,10 @@ def test_a_run_stopped_as_its_lease_overran_is_requeued_or_ends_as_stopped(
 
     running = threading.Thread(target=run, daemon=True)
     running.start()
-    wait_for(lambda: started() == 1 and host.grants.open == 1)
+    # The stop must come within the lease and its overrun (200 ms): looked for often.
+    wait_for(lambda: started() == 1 and host.grants.open == 1, every=0.001)
     host.pause()  # the host hears of the stop only after the lease has overrun
+    wait_for(lambda: stopped(host.pid), every=0.001)
     try:
         stop_as_the_driver_would(setup, endless, how)
         wait_for(lambda: bool(the_gate(setup)._overran))  # its seq (once True)
@@ -257,6 +259,7 @@ def test_a_lane_refused_while_the_last_one_winds_down_is_opened_again_later(
     inference, host = setup.client._service._inference, the_host(setup)
     old = the_gate(setup)
     host.pause()  # the host's end of the old lane does not see the close yet
+    wait_for(lambda: stopped(host.pid), every=0.001)  # a SIGSTOP takes effect a moment later
     try:
         inference._lane.close()  # as an exchange interrupted mid-way closes it
         assert inference.lane() is None, "refused: the old lane is live"

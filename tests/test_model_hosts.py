@@ -29,6 +29,7 @@ from helpers.real_daemon import (  # noqa: E402
     in_process_digest,
     info,
     loaded_app,
+    stopped,
     wait_for,
 )
 
@@ -182,6 +183,7 @@ def test_a_host_that_does_not_answer_within_its_limit_is_killed() -> None:
     host = ModelHost(HostSettings("onnxruntime", answer_s=1.0), FOREGROUND_UID, FOREGROUND_UID)
     try:
         os.kill(host.pid, signal.SIGSTOP)
+        wait_for(lambda: stopped(host.pid))
         with pytest.raises(ModelHostError, match="did not answer count within 1.0 s"):
             host.count(chain_model(), {})
         wait_for(lambda: gone(host.pid))
@@ -313,6 +315,7 @@ def test_a_dead_hosts_error_holds_nothing_of_its_caller_once_caught() -> None:
     gc.disable()
     try:
         os.kill(host.pid, signal.SIGSTOP)
+        wait_for(lambda: stopped(host.pid))
         thread = threading.Thread(target=caller)
         thread.start()
         asked.wait()

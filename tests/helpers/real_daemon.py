@@ -146,12 +146,20 @@ def segments_mapped(daemon: DaemonProcess) -> int:
     return len({line.split()[4] for line in maps.splitlines() if "npu-manager-tensors" in line})
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    """Wait for an event (`predicate` true); only a hung test outlasts the timeout."""
+def wait_for(predicate: Callable[[], bool], timeout: float = WAIT_S, every: float = 0.05) -> None:
+    """Wait for an event (`predicate` true, looked at `every` seconds); only a hung test
+    outlasts the timeout."""
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"the condition did not hold within {timeout} s"
-        time.sleep(0.05)
+        time.sleep(every)
+
+
+def stopped(pid: int) -> bool:
+    """True once process `pid` is stopped (its state in /proc is `T`): a SIGSTOP takes
+    effect a moment after it is sent, and a test whose premise is a stopped process waits."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "T"
 
 
 class RawApp:
