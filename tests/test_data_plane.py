@@ -551,6 +551,23 @@ def test_the_audit_throttles_at_each_strike_kills_at_the_last_and_forgives_slowl
     assert audit.killed == 1 and host.pid not in audit._watched
 
 
+def test_the_audit_lets_the_hosts_it_stopped_go_on_when_it_ends() -> None:
+    """A host throttled (stopped) when the audit's thread ends is resumed then: nothing
+    else would, and a stopping daemon's wait for its runs would find it stopped."""
+    used = [0]
+    audit = HostAudit(period_s=1.0, cpus=1, read=lambda pid, cgroup: used[0])
+    throttled, untouched = FakeHost(), FakeHost()
+    untouched.pid = 4244
+    for host in (throttled, untouched):
+        audit._watched[host.pid] = Watched(host, 0, host.grants.total_ns(), None)  # type: ignore[arg-type]
+    used[0] += 10**9  # a CPU second with nothing granted: for the first host only
+    audit.check(audit._watched[throttled.pid])
+    assert throttled.signals == ["stop"]
+    audit.stop()
+    assert throttled.signals == ["stop", "cont"]
+    assert untouched.signals == []
+
+
 def test_cpu_time_inside_open_grants_is_no_strike() -> None:
     used = [0]
     audit = HostAudit(period_s=1.0, cpus=1, read=lambda pid, cgroup: used[0])

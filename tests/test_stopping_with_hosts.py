@@ -24,7 +24,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 from npumanager.daemon.host.client import HostSettings  # noqa: E402
-from npumanager.daemon.server.audit import HostAudit, Watched  # noqa: E402
 from npumanager.daemon.server.server import Daemon  # noqa: E402
 
 DEAF_HOST = Path(__file__).parent / "helpers" / "deaf_host.py"
@@ -88,35 +87,3 @@ def test_a_daemon_stops_though_a_host_does_not_answer_the_cancel_of_its_run(
         if serving.is_alive():
             daemon.stop()
         service.close()
-
-
-class _Host:
-    def __init__(self) -> None:
-        from npumanager.daemon.host.grants import Grants
-
-        self.pid, self.uid, self.dead, self.cgroup = 4243, 1000, None, None
-        self.grants = Grants()
-        self.signals: list[str] = []
-
-    def pause(self) -> None:
-        self.signals.append("stop")
-
-    def resume(self) -> None:
-        self.signals.append("cont")
-
-
-def test_the_audit_lets_the_hosts_it_stopped_go_on_when_it_ends() -> None:
-    """A host throttled (stopped) when the audit's thread ends is resumed then: nothing
-    else would, and a stopping daemon's wait for its runs would find it stopped."""
-    used = [0]
-    audit = HostAudit(period_s=1.0, cpus=1, read=lambda pid, cgroup: used[0])
-    throttled, untouched = _Host(), _Host()
-    untouched.pid = 4244
-    for host in (throttled, untouched):
-        audit._watched[host.pid] = Watched(host, 0, host.grants.total_ns(), None)  # type: ignore[arg-type]
-    used[0] += 10**9  # a CPU second with nothing granted: for the first host only
-    audit.check(audit._watched[throttled.pid])
-    assert throttled.signals == ["stop"]
-    audit.stop()
-    assert throttled.signals == ["stop", "cont"]
-    assert untouched.signals == []
