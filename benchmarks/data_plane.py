@@ -3,8 +3,9 @@
 Two daemons with model hosts, `npu-manager serve --driver onnxruntime`, the same app in
 the foreground in each, the same model in each host:
 
-* lease (the design kept, `--lease-us 2000`, the default): a run's grant leases the
-  device's channel, so further runs of the same model start in the host without asking;
+* lease (the design kept, `serve`'s default lease, or this script's `--lease-us US`): a
+  run's grant leases the device's channel, so further runs of the same model start in the
+  host without asking;
 * asking (`--lease-us 0`): the host asks the daemon's scheduler before every run (one more
   round trip to a third process, and the daemon's Python, on each run);
 * through the loop: the same hosted daemon, the run sent as `submit` on the connection
@@ -23,7 +24,7 @@ over the bare round trip (`chain_p50_vs_floor`): the floor alone costs
 `chain_floor_vs_in_process` of the in-process run here, which no design that runs the chain
 in another process can go under.
 
-python benchmarks/data_plane.py [--json] [--quick] [--samples N] [--rounds R]
+python benchmarks/data_plane.py [--json] [--quick] [--samples N] [--rounds R] [--lease-us US]
 """
 
 from __future__ import annotations
@@ -111,8 +112,10 @@ def _derived(
     return result
 
 
-def measure(samples: int, rounds: int) -> dict[str, Any]:
-    """Every figure of the module's docstring."""
+def measure(samples: int, rounds: int, lease_us: int | None = None) -> dict[str, Any]:
+    """Every figure of the module's docstring (`lease_us`: the lease daemon's, else its
+    default)."""
+    lease = () if lease_us is None else ("--lease-us", str(lease_us))
     service = npu.Service("onnxruntime")
     service.set_uid_importance(10001, npu.IMPORTANCE_FOREGROUND)
     floor = BareRoundTrip(summing_model())
@@ -121,7 +124,7 @@ def measure(samples: int, rounds: int) -> dict[str, Any]:
     cpu: dict[str, list[float]] = {design: [] for design in DESIGNS}
     with tempfile.TemporaryDirectory() as tmp:
         daemons = {
-            "lease": _serve(Path(tmp) / "lease.sock", "--model-hosts", "--lease-us", "2000"),
+            "lease": _serve(Path(tmp) / "lease.sock", "--model-hosts", *lease),
             "asking": _serve(Path(tmp) / "asking.sock", "--model-hosts", "--lease-us", "0"),
         }
         managers: dict[str, npu.NpuManager] = {}
@@ -234,12 +237,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short, noisy run")
     parser.add_argument("--samples", type=int, default=1000, help="inferences per round")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of each kind")
+    parser.add_argument(
+        "--lease-us",
+        type=int,
+        default=None,
+        help="the lease daemon's `serve --lease-us` (default: serve's own default)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.samples, args.rounds = 100, 1
     progress = Progress("data_plane", [1])
     progress.step(f"three data paths, the floor and in process, {args.rounds} rounds")
-    result = measure(args.samples, args.rounds)
+    result = measure(args.samples, args.rounds, args.lease_us)
     progress.done()
     print_report(result, TARGETS, as_json=args.json)
     return 0

@@ -205,9 +205,11 @@ MAX_LANE_SPIN_US: Final = 10_000
 LANE_AGAIN_S: Final = 1.0
 """How long a daemon client whose lane the daemon refused runs on its connection before it
 asks for a lane again (the refusal may pass: the last lane may still be winding down)."""
-DEFAULT_LEASE_US: Final = 2000
+DEFAULT_LEASE_US: Final = 5000
 """How long a model host's grant leases its channel for further runs of the same model and
-priority without asking the daemon (``serve --lease-us``; 0: it asks before every run)."""
+priority without asking the daemon (``serve --lease-us``; 0: it asks before every run).
+Measured (``benchmarks/data_plane.py --lease-us``): at 2 ms half of a 0.8 ms model's runs
+still asked; at 5 ms a fifth did, and longer leases gained nothing more."""
 MAX_LEASE_US: Final = 100_000
 LEASE_IDLE_US: Final = 200
 """How long a model host holding a lease waits for its client's next request before it
