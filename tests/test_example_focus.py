@@ -5,6 +5,7 @@ end), never the latencies it prints."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers.checkout_access import needs_checkout_other_uids_can_enter
+from helpers.console import VTS_AT_NORMAL_PRIORITY
 from npumanager.apps.identity import cgroup_of_pid, v2_mount
 from npumanager.apps.registry import HAL_UID_FIRST
 
@@ -36,7 +38,9 @@ def home_folder() -> Path:
 
 def test_the_focus_example_prints_every_figure_and_the_importances_follow_the_focus() -> None:
     needs_checkout_other_uids_can_enter()  # its apps start as root, then drop to their uid
-    argv = [sys.executable, str(EXAMPLE), "--quick", "--json"]
+    # The background app's work at the OS's normal priority: under SCHED_IDLE, beside a busy
+    # machine's other programs, an unfocused call once finished no frame in a whole phase.
+    argv = [sys.executable, str(EXAMPLE), "--quick", "--json", *VTS_AT_NORMAL_PRIORITY]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     figures = json.loads(done.stdout.strip().splitlines()[-1])
@@ -92,3 +96,13 @@ def test_the_focus_example_says_in_one_line_that_it_needs_root() -> None:
         "examples/focus: needs root: it makes cgroups, moves processes and sets their xattrs"
     ]
     assert done.stdout == ""
+
+
+def test_a_phase_without_frames_gives_no_ratio_rather_than_a_crash() -> None:
+    spec = importlib.util.spec_from_file_location("focus_run_ratio", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = sys.modules["focus_run_ratio"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)  # its dataclasses look their module up by name
+    none, some = example.figures([]), example.figures([4.0, 8.0])
+    assert example.p99_over(none, some) is None and example.p99_over(some, none) is None
+    assert example.p99_over(example.figures([16.0]), some) == 2.0
