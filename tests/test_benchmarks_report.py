@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -317,3 +318,62 @@ def test_a_quick_run_ended_by_its_timeout_takes_what_it_started_with_it(tmp_path
     while not gone():
         assert time.monotonic() < deadline, f"the child {child} outlived its group's timeout"
         time.sleep(0.05)
+
+
+def test_the_decision_floor_answers_each_request_as_the_daemon_does(socket_dir: Path) -> None:
+    """The control plane's floor makes the decisions the daemon makes, frame for frame, so
+    `ipc.py` times the same work without the daemon around it."""
+    import threading
+
+    from npumanager.core.service.service import Service
+    from npumanager.daemon.server.server import Daemon
+    from npumanager.daemon.wire import protocol as wire
+    from npumanager.schemas import ModelLoadRequest
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        decision_floor = importlib.import_module("decision_floor")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+    def answers(sock: socket.socket) -> list[Any]:
+        reader, got = wire.FrameReader(), []
+
+        def take(count: int) -> None:
+            while len(got) < count:
+                got.extend(wire.parse_daemon(body) for body in reader.feed(sock.recv(65536)))
+
+        for i in range(1, 4):
+            request = ModelLoadRequest.Builder(i).set_size(i % 3).build()
+            sock.sendall(
+                wire.encode(wire.RequestCanLoad(seq=2 * i, request=request, uses_feature=True))
+            )
+            take(len(got) + 2)
+            sock.sendall(wire.encode(wire.CancelLoad(seq=2 * i + 1, request_id=i)))
+            take(len(got) + 2)
+        return got
+
+    floor = decision_floor.DecisionFloor(str(socket_dir))
+    service = Service("vnpu", "status_quo", clock="real")
+    daemon = Daemon(service, socket_dir / "npu.sock")
+    daemon.bind()
+    thread = threading.Thread(target=daemon.serve_forever, daemon=True)
+    thread.start()
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.connect(str(daemon.socket_path))
+        client.sendall(wire.encode(wire.HELLO))
+        welcome = wire.FrameReader()
+        while not list(welcome.feed(client.recv(65536))):
+            pass
+        from_daemon = answers(client)
+        from_floor = answers(floor.sock)
+    finally:
+        client.close()
+        floor.close()
+        daemon.stop()
+        thread.join(30)
+        service.close()
+    assert [type(m).__name__ for m in from_floor[:4]] == ["Decision", "Reply", "Completed", "Reply"]
+    assert from_floor == from_daemon
+    assert floor.process.exitcode == 0

@@ -37,6 +37,7 @@ from helpers.daemon_support import (
     Child,
     DaemonProcess,
     Daemons,
+    frames_sent,
     serve_command,
 )
 from npumanager.core.service.service import Service
@@ -853,17 +854,6 @@ def test_a_clients_replies_leave_as_its_own_slice_ends(socket_dir: Path) -> None
         service.close()
 
 
-def _replies(client: socket.socket) -> int:
-    """How many frames the daemon has sent the client so far (read without waiting)."""
-    reader, count = FrameReader(), 0
-    while True:
-        try:
-            data = client.recv(1 << 20, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return count
-        count += sum(1 for _ in reader.feed(data))
-
-
 def test_an_app_with_many_connections_gets_one_share_of_a_turn(socket_dir: Path) -> None:
     """Forty connections of one app, each with a pipeline of `info` calls, get one app's
     slice of a turn of the loop between them; another app's one call is answered in the
@@ -887,7 +877,7 @@ def test_an_app_with_many_connections_gets_one_share_of_a_turn(socket_dir: Path)
             client.sendall(encode(HELLO))
             daemon.transport.shares.new_turn()  # a turn each: all are one app's until hello
             daemon.transport.io(connection.sock, selectors.EVENT_READ)
-            assert _replies(client) == 1, "welcomed"
+            assert frames_sent(client) == 1, "welcomed"
         for _ in range(len(clients)):  # slow hellos left some waiting a turn: none now
             if not daemon.transport.backlog:
                 break
@@ -901,12 +891,12 @@ def test_an_app_with_many_connections_gets_one_share_of_a_turn(socket_dir: Path)
             client.sendall(pipeline)
         clients[-1].sendall(encode(Info(seq=1)))
         daemon._loop_turn()
-        answered = [_replies(client) for client in clients]
+        answered = [frames_sent(client) for client in clients]
         assert answered[-1] == 1, "the other app's call is answered in the same turn"
         assert 0 < sum(answered[:-1]) <= FRAMES_PER_TURN, answered
         for _ in range(3):
             daemon._loop_turn()
-        assert sum(_replies(client) for client in clients[:-1]) > 0, "the crowd goes on"
+        assert sum(frames_sent(client) for client in clients[:-1]) > 0, "the crowd goes on"
     finally:
         for client in clients:
             client.close()

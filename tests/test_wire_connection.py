@@ -229,3 +229,35 @@ def test_the_end_of_the_stream_is_an_event_saying_what_was_cut_short() -> None:
     assert daemon.state is State.CLOSED
     with pytest.raises(p.ProtocolError, match="after the end of the stream"):
         daemon.receive_data(b"x")
+
+
+@given(calls=st.lists(_CALLS, min_size=1, max_size=4), sizes=st.lists(st.integers(1, 40)))
+@settings(max_examples=150, deadline=None)
+def test_has_frame_says_exactly_whether_next_event_has_one(
+    calls: list[Any], sizes: list[int]
+) -> None:
+    """The daemon keeps a connection for another turn only while `has_frame`: it must be
+    true whenever `next_event` would give a message, and false whenever it would not."""
+    client, daemon = opened()
+    stream = b"".join(client.send(call) for call in {c.seq: c for c in calls}.values())
+    for piece in _cut(stream, sizes):
+        daemon.receive_data(piece)
+        while True:
+            promised = daemon.has_frame
+            event = daemon.next_event()
+            assert promised is (event is not NEED_DATA)
+            if event is NEED_DATA:
+                break
+
+
+@pytest.mark.parametrize("header", [b"\xff\xff\xff\xff", b"\x00\x00\x00\x00"])
+def test_has_frame_is_true_for_a_length_the_reader_refuses(header: bytes) -> None:
+    """A refused length is something to say now (the error), not bytes to wait for."""
+    _, daemon = opened()
+    daemon.receive_data(header[:3])
+    assert not daemon.has_frame
+    daemon.receive_data(header[3:])
+    assert daemon.has_frame
+    with pytest.raises(p.ProtocolError):
+        daemon.next_event()
+    assert daemon.has_frame  # broken: every next_event raises

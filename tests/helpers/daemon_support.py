@@ -297,3 +297,17 @@ class Daemons:
             if process.alive and (code := process.stop()) != 0
         ]
         assert not failed, "\n".join(failed)
+
+
+def frames_sent(client: socket.socket) -> int:
+    """How many frames the daemon has sent `client` since the last look (read without
+    waiting)."""
+    from npumanager.daemon.wire.base import FrameReader
+
+    reader, count = FrameReader(), 0
+    while True:
+        try:
+            data = client.recv(1 << 20, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return count
+        count += sum(1 for _ in reader.feed(data))

@@ -217,7 +217,7 @@ class Transport:
                 self.frames.handle(connection, event)
                 if time.perf_counter() >= ends:
                     break
-            if not connection.closed:
+            if not connection.closed and wire.has_frame:  # the rest wait for the next turn
                 self.backlog[connection] = None
         except p.ProtocolError as exc:
             self.fatal(connection, str(exc))

@@ -95,3 +95,12 @@ class FrameReader:
     def pending(self) -> int:
         """Bytes received and not yet taken as frames."""
         return len(self._buffer)
+
+    @property
+    def ready(self) -> bool:
+        """True when `pop` has something to say now: a whole frame, or a length it refuses."""
+        buffer = self._buffer
+        if len(buffer) < FRAME_HEADER_BYTES:
+            return False
+        size: int = HEADER.unpack_from(buffer, 0)[0]
+        return size == 0 or size > self.max_frame or len(buffer) - FRAME_HEADER_BYTES >= size

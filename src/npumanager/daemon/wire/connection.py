@@ -145,6 +145,12 @@ class WireConnection:
         """Bytes received and not yet taken as frames."""
         return self._reader.pending
 
+    @property
+    def has_frame(self) -> bool:
+        """True when `next_event` would give more than `NEED_DATA` now (a frame, or the
+        error of one)."""
+        return self._broken or self._reader.ready
+
     # Receiving --------------------------------------------------------------------------
 
     def receive_data(self, data: bytes) -> None:

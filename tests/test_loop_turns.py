@@ -1,0 +1,91 @@
+"""A turn of the daemon's loop, frame by frame: a connection waits for another turn only
+while it has a whole frame buffered, so a frame that overran its app's slice costs no empty
+turn after it (benchmarks/ipc.py counts what a turn costs a control frame)."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers.daemon_support import frames_sent
+from npumanager.core.service.service import Service
+from npumanager.daemon.server import shares
+from npumanager.daemon.server.connection import Connection
+from npumanager.daemon.server.server import Daemon
+from npumanager.daemon.wire.protocol import HELLO, Info, encode
+
+
+@pytest.fixture
+def served(socket_dir: Path) -> Iterator[tuple[Daemon, socket.socket, Connection]]:
+    """A daemon driven turn by turn (no thread) and one client that said hello."""
+    service = Service("vnpu", "budget")
+    daemon = Daemon(service, socket_dir / "npu.sock")
+    daemon.bind()
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(str(daemon.socket_path))
+    assert daemon._binding is not None
+    daemon._accept(daemon._binding.listener, 0)
+    (connection,) = daemon.transport.connections.values()
+    client.sendall(encode(HELLO))
+    daemon.transport.io(connection.sock, selectors.EVENT_READ)
+    assert frames_sent(client) == 1, "welcomed"
+    try:
+        yield daemon, client, connection
+    finally:
+        client.close()
+        daemon.stop()
+        daemon.serve_forever()
+        service.close()
+
+
+@pytest.fixture
+def slice_overrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every frame overruns its app's slice of the turn (a slice begun takes one frame)."""
+    monkeypatch.setattr(shares, "TURN_SLICE_S", 1e-12)
+
+
+@pytest.mark.usefixtures("slice_overrun")
+def test_a_frame_past_its_slice_with_nothing_behind_it_waits_for_no_turn(
+    served: tuple[Daemon, socket.socket, Connection],
+) -> None:
+    daemon, client, connection = served
+    client.sendall(encode(Info(seq=1)))
+    daemon.transport.io(connection.sock, selectors.EVENT_READ)
+    assert frames_sent(client) == 1
+    assert connection not in daemon.transport.backlog
+
+
+@pytest.mark.usefixtures("slice_overrun")
+def test_a_whole_frame_behind_one_past_its_slice_waits_for_the_next_turn(
+    served: tuple[Daemon, socket.socket, Connection],
+) -> None:
+    daemon, client, connection = served
+    client.sendall(encode(Info(seq=1)) + encode(Info(seq=2)))
+    daemon.transport.io(connection.sock, selectors.EVENT_READ)
+    assert frames_sent(client) == 1
+    assert connection in daemon.transport.backlog
+    daemon.transport.shares.new_turn()
+    daemon.transport.serve_backlog()
+    assert frames_sent(client) == 1
+    assert connection not in daemon.transport.backlog
+
+
+@pytest.mark.usefixtures("slice_overrun")
+def test_part_of_a_frame_behind_one_past_its_slice_is_read_not_kept_for_a_turn(
+    served: tuple[Daemon, socket.socket, Connection],
+) -> None:
+    """The rest of a cut frame comes from the socket: the connection stays readable."""
+    daemon, client, connection = served
+    second = encode(Info(seq=2))
+    client.sendall(encode(Info(seq=1)) + second[:5])
+    daemon.transport.io(connection.sock, selectors.EVENT_READ)
+    assert frames_sent(client) == 1
+    assert connection not in daemon.transport.backlog
+    client.sendall(second[5:])
+    daemon.transport.shares.new_turn()
+    daemon.transport.io(connection.sock, selectors.EVENT_READ)
+    assert frames_sent(client) == 1
