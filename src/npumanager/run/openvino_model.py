@@ -18,6 +18,11 @@ from typing import Any
 
 import numpy as np
 
+try:  # where OpenVINO keeps the class of a run's results (2025 on, then before)
+    from openvino.utils.data_helpers import OVDict
+except ImportError:  # pragma: no cover - an OpenVINO older than 2025
+    from openvino.runtime.utils.data_helpers import OVDict
+
 from npumanager.errors import NpuManagerError
 from npumanager.run._boot.npumanager_run_boot import WARNING_PREFIX
 from npumanager.run.managed import PROCESS, ManagedModel, Source, asked_threads, run_unmanaged
@@ -99,38 +104,17 @@ def _name(port: Any) -> str:
     return str(port.get_any_name())
 
 
-class Results(Mapping[Any, np.ndarray]):
-    """A run's outputs as OpenVINO's `OVDict` gives them: by index, by name or by port."""
+class Results(OVDict):  # type: ignore[misc]  # OpenVINO is untyped
+    """A run's outputs as an `OVDict`, OpenVINO's own class: by index, by name or by port
+    (a port of the model read or of the compiled model alike)."""
 
     def __init__(self, ports: list[Any], arrays: list[np.ndarray]) -> None:
-        self._ports = ports
-        self._arrays = arrays
-        self._index = {name: i for i, port in enumerate(ports) for name in port.get_names()}
-
-    def _position(self, key: Any) -> int:
-        if isinstance(key, int):
-            return key
-        if isinstance(key, str):
-            return self._index[key]
-        return self._index[_name(key)]
+        super().__init__(dict(zip(ports, arrays, strict=True)))
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        return self._arrays[self._position(key)]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._ports)
-
-    def __len__(self) -> int:
-        return len(self._ports)
-
-    def names(self) -> tuple[set[str], ...]:
-        return tuple(set(port.get_names()) for port in self._ports)
-
-    def to_tuple(self) -> tuple[np.ndarray, ...]:
-        return tuple(self._arrays)
-
-    def to_dict(self) -> dict[Any, np.ndarray]:
-        return dict(zip(self._ports, self._arrays, strict=True))
+        if isinstance(key, int | str) or not hasattr(key, "get_any_name"):
+            return super().__getitem__(key)  # type: ignore[no-any-return]
+        return super().__getitem__(_name(key))  # type: ignore[no-any-return]
 
 
 class ManagedCompiledModel:

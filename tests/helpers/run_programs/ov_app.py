@@ -9,6 +9,11 @@ import sys
 import numpy as np
 import openvino as ov
 
+try:
+    from openvino.utils.data_helpers import OVDict
+except ImportError:  # an OpenVINO older than 2025
+    from openvino.runtime.utils.data_helpers import OVDict
+
 
 def digest(arrays: list[np.ndarray]) -> str:
     return hashlib.sha256(b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)).hexdigest()[
@@ -29,6 +34,30 @@ def main(model: str) -> None:
     request.start_async({"x": x})
     request.wait()
     print("async", digest([request.results[0]]), flush=True)
+    results = compiled({"x": x})
+    name = sorted(results.names()[0])[0]
+    by_name, by_index, by_port = results[name], results[0], results[compiled.output(0)]
+    print(
+        "results",
+        isinstance(results, OVDict),
+        len(results),
+        np.array_equal(by_name, by_index) and np.array_equal(by_index, by_port),
+        digest(list(results.to_tuple())) == digest(list(results.values())) == digest([by_index]),
+        [len(key.get_names()) > 0 for key in results],
+        [type(error).__name__ for error in missing(results)],
+        flush=True,
+    )
+
+
+def missing(results: OVDict) -> list[Exception]:
+    """What looking up what a run's results do not hold raises."""
+    raised = []
+    for key in (7, "no such output", 1.5):
+        try:
+            results[key]
+        except Exception as error:
+            raised.append(error)
+    return raised
 
 
 def strings(model: str) -> None:
