@@ -44,6 +44,10 @@ class Outlet(Protocol):
     def queued(self, connection: Connection, nbytes: int) -> None:
         """`nbytes` more wait in the connection's outbox."""
 
+    @property
+    def info_version(self) -> int:
+        """The version of the daemon's state now (`info.InfoCache.version`)."""
+
 
 class LaneEnd(Protocol):
     """A connection's inference lane (`daemon.lane.Lane`), as the connection sees it."""
@@ -116,6 +120,9 @@ class Connection:
         """Inferences in flight the client cancelled: they end CANCELLED_USER."""
         self.held: dict[int, list[np.ndarray]] = {}
         """Outputs too large for their region, by call seq, until fetched."""
+        self.info_seen = 0
+        """The version of the daemon's state the client was last sent word of: its `info`
+        shows every change up to it (`info.InfoCache`)."""
         self.lane: LaneEnd | None = None
         """The connection's inference lane, once opened."""
         self.host: HostEnd | None = None
@@ -136,10 +143,13 @@ class Connection:
         if not self.closed:
             self.send_frame(self.wire.send(message))
 
-    def send_frame(self, frame: bytes) -> None:
-        """Queue an encoded frame; it leaves as `send`'s message does."""
+    def send_frame(self, frame: bytes, *, observed: bool = True) -> None:
+        """Queue an encoded frame; it leaves as `send`'s message does. `observed`: the frame
+        tells the client of the state as it is now (all but an `info` reply)."""
         if self.closed:
             return
+        if observed:
+            self.info_seen = self._outlet.info_version
         with self.write_lock:
             self.outbox += frame
         self._outlet.queued(self, len(frame))
@@ -148,6 +158,7 @@ class Connection:
         """From a worker thread: send `frame` at once when nothing waits before it. The
         bytes left in the outbox for the loop to account and write (0: all sent), or -1
         when nothing was sent and the caller must queue the frame through the loop."""
+        self.info_seen = self._outlet.info_version
         with self.write_lock:
             if self.closed or self.outbox or self.paused:
                 return -1

@@ -87,8 +87,8 @@ class FrameHandler:
             return
         if result is None:
             connection.send_frame(p.reply_frame(seq))
-        elif isinstance(result, bytes):
-            connection.send_frame(p.result_frame(seq, result))
+        elif isinstance(result, bytes):  # an info reply: what it shows the asker saw already
+            connection.send_frame(p.result_frame(seq, result), observed=False)
         else:
             connection.send(p.Reply(seq=seq, result=result))
 
@@ -125,7 +125,7 @@ class FrameHandler:
 
     def _on_info(self, connection: Connection, message: p.Info) -> bytes:
         uids = None if connection.management else self.apps.uids_of(connection.peer.uid)
-        return self.info.result_json(uids, message.offset, message.limit)
+        return self.info.result_json(uids, message.offset, message.limit, connection.info_seen)
 
 
 def call_error(seq: int, exc: Exception, stats: DaemonStats, op: str, uid: int) -> p.Error:

@@ -1,8 +1,14 @@
 """The `info` reply: the service's state as one client may see it, bounded in size and cost.
 
-The service's snapshot is taken at most every `INFO_SNAPSHOT_TTL_S` (sooner after any call
-that changes state), and each view of it (management or one uid; a page) is encoded once,
-so a client that floods `info` costs the daemon little. Lists are paged; counts are whole.
+The service's snapshot is taken at most every `INFO_SNAPSHOT_TTL_S`, and sooner when the
+asker may know of a change the snapshot does not hold: every change counts a version, and
+each connection carries the version it last saw, moved on by every frame the daemon sends
+it but an `info` reply (its own calls' replies, the decisions and events of its requests).
+So an `info` reply never shows less than the asker was told; changes it was not told of
+show within the TTL; and one client's calls do not make another client's `info` flood
+take a new snapshot per call. Each view of a snapshot (management or one uid; a page) is
+encoded once, so a client that floods `info` costs the daemon little. Lists are paged;
+counts are whole.
 A client without the management permission sees its own uid's entries and counts for the
 rest: other users' uids and pids are not its business.
 """
@@ -32,16 +38,25 @@ class InfoCache:
         self._document: dict[str, Any] = {}
         self._views: dict[tuple[frozenset[int] | None, int, int], bytes] = {}
         self.renewals = 0
+        self.version = 0
+        """How many changes there have been; a connection holds the last it saw."""
+        self._holds = -1
+        """The version the snapshot holds every change up to."""
 
     def changed(self) -> None:
-        """State changed: the next `info` takes a new snapshot."""
-        self._taken_at = -float("inf")
+        """State changed (or is about to, on this thread): a new version."""
+        self.version += 1
 
-    def result_json(self, uids: frozenset[int] | None, offset: int, limit: int) -> bytes:
+    def result_json(
+        self, uids: frozenset[int] | None, offset: int, limit: int, seen: int | None = None
+    ) -> bytes:
         """The encoded result for a viewer (the uids it may see: its real uid and its apps'
-        HAL uids; None for management) and a page."""
+        HAL uids; None for management) and a page, holding at least version `seen` (the
+        last the viewer saw; None: every change)."""
         now = time.monotonic()
-        if now - self._taken_at > self._ttl_s:
+        wanted = self.version if seen is None else seen
+        if now - self._taken_at > self._ttl_s or wanted > self._holds:
+            self._holds = self.version
             self._document = self._snapshot()
             self._taken_at = now
             self._views.clear()

@@ -84,6 +84,11 @@ class Transport:
         self.freed = 0
         """Bytes of client buffers freed since memory was last handed back."""
 
+    @property
+    def info_version(self) -> int:
+        """The version of the daemon's state now, for a connection to note what it saw."""
+        return self.info.version
+
     def add(self, connection: Connection) -> None:
         """Watch a new connection's socket."""
         self.connections[connection.fd] = connection
