@@ -1,6 +1,8 @@
 """A turn of the daemon's loop, frame by frame: a connection waits for another turn only
 while it has a whole frame buffered, so a frame that overran its app's slice costs no empty
-turn after it (benchmarks/ipc.py counts what a turn costs a control frame)."""
+turn after it (benchmarks/ipc.py counts what a turn costs a control frame); and a
+connection whose app spent its slice is not read until the app's next turn, so a crowd of
+one app's connections costs a turn little (benchmarks/daemon_attacks.py, crowd_flood)."""
 
 from __future__ import annotations
 
@@ -20,26 +22,41 @@ from npumanager.daemon.wire.protocol import HELLO, Info, encode
 
 
 @pytest.fixture
-def served(socket_dir: Path) -> Iterator[tuple[Daemon, socket.socket, Connection]]:
-    """A daemon driven turn by turn (no thread) and one client that said hello."""
+def daemon(socket_dir: Path) -> Iterator[Daemon]:
+    """A daemon driven turn by turn (no thread)."""
     service = Service("vnpu", "budget")
     daemon = Daemon(service, socket_dir / "npu.sock")
     daemon.bind()
-    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    client.connect(str(daemon.socket_path))
-    assert daemon._binding is not None
-    daemon._accept(daemon._binding.listener, 0)
-    (connection,) = daemon.transport.connections.values()
-    client.sendall(encode(HELLO))
-    daemon.transport.io(connection.sock, selectors.EVENT_READ)
-    assert frames_sent(client) == 1, "welcomed"
     try:
-        yield daemon, client, connection
+        yield daemon
     finally:
-        client.close()
         daemon.stop()
         daemon.serve_forever()
         service.close()
+
+
+def said_hello(daemon: Daemon) -> tuple[socket.socket, Connection]:
+    """A new client of the daemon's, welcomed, and its connection."""
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(str(daemon.socket_path))
+    assert daemon._binding is not None
+    known = set(daemon.transport.connections)
+    daemon._accept(daemon._binding.listener, 0)
+    (fd,) = set(daemon.transport.connections) - known
+    connection = daemon.transport.connections[fd]
+    client.sendall(encode(HELLO))
+    daemon.transport.shares.new_turn()
+    daemon.transport.io(connection.sock, selectors.EVENT_READ)
+    assert frames_sent(client) == 1, "welcomed"
+    return client, connection
+
+
+@pytest.fixture
+def served(daemon: Daemon) -> Iterator[tuple[Daemon, socket.socket, Connection]]:
+    """A daemon driven turn by turn and one client that said hello."""
+    client, connection = said_hello(daemon)
+    with client:
+        yield daemon, client, connection
 
 
 @pytest.fixture
@@ -89,3 +106,27 @@ def test_part_of_a_frame_behind_one_past_its_slice_is_read_not_kept_for_a_turn(
     daemon.transport.shares.new_turn()
     daemon.transport.io(connection.sock, selectors.EVENT_READ)
     assert frames_sent(client) == 1
+
+
+@pytest.mark.usefixtures("slice_overrun")
+def test_a_connection_whose_apps_slice_is_spent_is_not_read_until_its_next_turn(
+    daemon: Daemon,
+) -> None:
+    """Two connections of one app: the second is left unread (its bytes stay in the
+    socket) once the first spent the app's slice, and is read and served next turn."""
+    (first, one), (second, other) = said_hello(daemon), said_hello(daemon)
+    with first, second:
+        daemon.transport.shares.new_turn()
+        first.sendall(encode(Info(seq=1)))
+        second.sendall(encode(Info(seq=1)))
+        daemon.transport.io(one.sock, selectors.EVENT_READ)
+        daemon.transport.io(other.sock, selectors.EVENT_READ)
+        assert (frames_sent(first), frames_sent(second)) == (1, 0)
+        assert other.wire.pending == 0, "not read: its bytes wait in its socket"
+        assert other in daemon.transport.backlog
+        daemon.transport.serve_backlog()
+        assert frames_sent(second) == 0, "still this turn"
+        daemon.transport.shares.new_turn()
+        daemon.transport.serve_backlog()
+        assert frames_sent(second) == 1
+        assert other not in daemon.transport.backlog

@@ -44,6 +44,13 @@ class LoopShares:
             TURN_SLICE_S - self._seconds.get(key, 0.0),
         )
 
+    def has_left(self, key: ShareKey) -> bool:
+        """Whether the app may take another frame this turn."""
+        return (
+            self._frames.get(key, 0) < FRAMES_PER_TURN
+            and self._seconds.get(key, 0.0) < TURN_SLICE_S
+        )
+
     def charge(self, key: ShareKey, frames: int, seconds: float) -> None:
         """The app's connection used `frames` frames and `seconds` of the turn."""
         self._frames[key] = self._frames.get(key, 0) + frames

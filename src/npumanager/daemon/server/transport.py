@@ -151,6 +151,9 @@ class Transport:
     def read(self, connection: Connection) -> None:
         if connection in self.backlog or connection.paused:
             return  # it has frames waiting their turn: read no more until they are handled
+        if not self.shares.has_left(share_key(connection)):
+            self.backlog[connection] = None  # its app's slice is spent: read it next turn
+            return
         try:
             data, ancillary, flags, _ = connection.sock.recvmsg(
                 _RECV_BYTES, _ANCILLARY_BYTES, socket.MSG_CMSG_CLOEXEC
@@ -240,9 +243,18 @@ class Transport:
             self.dirty.add(connection)
 
     def serve_backlog(self) -> None:
+        """Serve the connections waiting their turn, in order, while their apps have some
+        of their slices left: the frames they hold, or what they sent meanwhile."""
+        shares = self.shares
         for connection in list(self.backlog):
+            if not shares.has_left(share_key(connection)):
+                continue  # its app's slice is spent: it keeps its place for the next turn
             try:
-                self.handle_frames(connection)
+                if connection.wire.has_frame:
+                    self.handle_frames(connection)
+                else:
+                    del self.backlog[connection]
+                    self.read(connection)
             except Exception as exc:
                 self.stats.internal_errors += 1
                 self._log.internal_error(
