@@ -35,6 +35,61 @@ def test_frames_come_out_whole_however_the_stream_is_cut(
     assert reader.pending == 0
 
 
+@given(
+    bodies=st.lists(st.binary(min_size=1, max_size=300), max_size=20),
+    cuts=st.lists(st.integers(0, 10_000), max_size=30),
+)
+def test_pop_takes_each_frame_once_it_is_whole_and_ready_says_so_first(
+    bodies: list[bytes], cuts: list[int]
+) -> None:
+    stream = b"".join(struct.pack(">I", len(b)) + b for b in bodies)
+    points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    reader, out, taken = p.FrameReader(), [], 0
+    for start, end in itertools.pairwise(points):
+        reader.push(stream[start:end])
+        while True:
+            ready = reader.ready
+            body = reader.pop()
+            assert ready is (body is not None)
+            if body is None:
+                break
+            out.append(body)
+            taken += 4 + len(body)
+        assert reader.pending == end - taken
+    assert out == bodies
+
+
+def test_a_large_frame_coming_in_pieces_is_not_copied_until_it_is_whole() -> None:
+    """A client that sends a 1 MiB frame 64 KiB at a time, and holds back its last byte,
+    costs the reader no copy of what it sent (a growing buffer copied it again and again)."""
+    import tracemalloc
+
+    from npumanager.daemon.wire import base
+
+    size = 1 << 20
+    frame = struct.pack(">I", size) + bytes(size)
+    pieces = [frame[at : at + (64 << 10)] for at in range(0, len(frame) - 1, 64 << 10)]
+    pieces[-1] = pieces[-1][:-1]
+    reader = p.FrameReader()
+    tracemalloc.start()
+    try:
+        for piece in pieces:
+            reader.push(piece)
+            assert reader.pop() is None
+        _, peak = tracemalloc.get_traced_memory()
+        in_reader = tracemalloc.take_snapshot().filter_traces(
+            [tracemalloc.Filter(True, base.__file__)]
+        )
+    finally:
+        tracemalloc.stop()
+    assert reader.pending == len(frame) - 1
+    assert sum(stat.size for stat in in_reader.statistics("filename")) < 16 << 10
+    assert peak < 256 << 10, "no copy of the megabyte held"
+    reader.push(frame[-1:])
+    assert reader.pop() == bytes(size)
+    assert reader.pending == 0
+
+
 @pytest.mark.parametrize("size", [0, MAX_FRAME_BYTES + 1, 2**32 - 1])
 def test_a_frame_length_outside_the_limit_is_refused(size: int) -> None:
     with pytest.raises(p.ProtocolError, match=f"frame length {size} is not allowed"):

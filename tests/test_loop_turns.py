@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import selectors
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +20,9 @@ from npumanager.core.service.service import Service
 from npumanager.daemon.server import shares
 from npumanager.daemon.server.connection import Connection
 from npumanager.daemon.server.server import Daemon
+from npumanager.daemon.server.shares import share_key
 from npumanager.daemon.wire.protocol import HELLO, Info, encode
+from npumanager.schemas.limits import TURN_SLICE_S
 
 
 @pytest.fixture
@@ -130,3 +134,39 @@ def test_a_connection_whose_apps_slice_is_spent_is_not_read_until_its_next_turn(
         daemon.transport.serve_backlog()
         assert frames_sent(second) == 1
         assert other not in daemon.transport.backlog
+
+
+class SlowToRead:
+    """A connection's socket whose reads take at least `seconds` (as a large read may)."""
+
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
+        self._sock = sock
+        self._seconds = seconds
+
+    def recvmsg(self, *args: Any) -> Any:
+        time.sleep(self._seconds)
+        return self._sock.recvmsg(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def test_the_time_a_read_takes_counts_against_its_apps_slice(daemon: Daemon) -> None:
+    """The first connection's frame is served (a slice begun takes one), and its read's
+    time is its app's: the app's second connection waits for the next turn."""
+    (first, one), (second, other) = said_hello(daemon), said_hello(daemon)
+    with first, second:
+        one.sock = SlowToRead(one.sock, 0.2)  # type: ignore[assignment]
+        daemon.transport.shares.new_turn()
+        first.sendall(encode(Info(seq=1)))
+        second.sendall(encode(Info(seq=1)))
+        daemon.transport.io(other.sock, selectors.EVENT_READ)  # warm: the app's own share
+        assert frames_sent(second) == 1
+        daemon.transport.shares.new_turn()
+        second.sendall(encode(Info(seq=2)))
+        daemon.transport.io(one.sock, selectors.EVENT_READ)
+        assert frames_sent(first) == 1
+        seconds_left = daemon.transport.shares.left(share_key(one))[1]
+        assert seconds_left <= TURN_SLICE_S - 0.2
+        daemon.transport.io(other.sock, selectors.EVENT_READ)
+        assert frames_sent(second) == 0, "its app's slice went on the other's read"

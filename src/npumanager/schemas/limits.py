@@ -266,7 +266,7 @@ OUTBOX_PAUSE_BYTES: Final = 256 << 10
 """A client with this much unread is not served more until it reads (backpressure)."""
 INFO_SNAPSHOT_TTL_S: Final = 0.25
 """``info`` is answered from a snapshot at most this old, renewed sooner when the asker was
-told of a change it does not hold (`daemon.server.info`)."""
+told of a change it does not hold (``npumanager.daemon.server.info``)."""
 DEFAULT_INFO_LIMIT: Final = 100
 """Requests listed per state (and clients and priorities) by ``info`` unless asked for more."""
 MAX_INFO_LIMIT: Final = 500

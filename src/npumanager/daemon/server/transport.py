@@ -151,9 +151,11 @@ class Transport:
     def read(self, connection: Connection) -> None:
         if connection in self.backlog or connection.paused:
             return  # it has frames waiting their turn: read no more until they are handled
-        if not self.shares.has_left(share_key(connection)):
+        key = share_key(connection)
+        if not self.shares.has_left(key):
             self.backlog[connection] = None  # its app's slice is spent: read it next turn
             return
+        started = time.perf_counter()
         try:
             data, ancillary, flags, _ = connection.sock.recvmsg(
                 _RECV_BYTES, _ANCILLARY_BYTES, socket.MSG_CMSG_CLOEXEC
@@ -170,7 +172,9 @@ class Transport:
         connection.last_active = time.monotonic()
         connection.wire.receive_data(data)
         self.buffered += len(data)
+        reading = time.perf_counter() - started
         self.handle_frames(connection)
+        self.shares.charge(key, 0, reading)  # its app's other connections wait for its read
         self.keep_budget()
 
     def take_descriptors(

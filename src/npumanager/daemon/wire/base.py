@@ -5,6 +5,7 @@ message, and the reader that cuts a byte stream into bodies."""
 from __future__ import annotations
 
 import struct
+from collections import deque
 from collections.abc import Iterator
 
 from pydantic import BaseModel, ConfigDict
@@ -39,68 +40,113 @@ def framed(body: bytes) -> bytes:
 
 
 class FrameReader:
-    """Cuts a byte stream into frame bodies; `ProtocolError` on an oversized frame."""
+    """Cuts a byte stream into frame bodies; `ProtocolError` on an oversized frame.
+
+    What it received stays in the pieces it came in until a whole frame is there, so a
+    large frame arriving a piece at a time is copied once, when it is whole, not once per
+    piece as a growing buffer would copy it (a client holding a frame just short of its
+    end costs the daemon one copy of what it sent, however many pieces).
+    """
 
     def __init__(self, max_frame: int = MAX_FRAME_BYTES) -> None:
         self.max_frame = max_frame
-        self._buffer = bytearray()
+        self._pieces: deque[bytes] = deque()
+        self._at = 0
+        """Where the first piece's unread bytes begin."""
+        self._pending = 0
 
     def feed(self, data: bytes) -> Iterator[bytes]:
         """Every complete frame body the stream holds after `data`, in order."""
-        buffer = self._buffer
-        buffer += data
-        start = 0
-        end = len(buffer)
-        try:
-            while end - start >= FRAME_HEADER_BYTES:
-                (size,) = HEADER.unpack_from(buffer, start)
-                if size == 0 or size > self.max_frame:
-                    raise ProtocolError(
-                        f"frame length {size} is not allowed: a body is 1..{self.max_frame} bytes"
-                    )
-                if end - start - FRAME_HEADER_BYTES < size:
-                    break
-                body_start = start + FRAME_HEADER_BYTES
-                start = body_start + size
-                yield bytes(buffer[body_start:start])
-        finally:
-            del buffer[:start]
+        self.push(data)
+        while (body := self.pop()) is not None:
+            yield body
 
     def push(self, data: bytes) -> None:
         """Append received bytes; `pop` takes the frames out one at a time."""
-        self._buffer += data
+        if data:
+            self._pieces.append(data if type(data) is bytes else bytes(data))
+            self._pending += len(data)
 
     def pop(self) -> bytes | None:
         """The next complete frame body, or None; `ProtocolError` on a bad length."""
-        buffer = self._buffer
-        if len(buffer) < FRAME_HEADER_BYTES:
+        if self._pending < FRAME_HEADER_BYTES:
             return None
-        (size,) = HEADER.unpack_from(buffer, 0)
+        size = self._size()
         if size == 0 or size > self.max_frame:
             raise ProtocolError(
                 f"frame length {size} is not allowed: a body is 1..{self.max_frame} bytes"
             )
         end = FRAME_HEADER_BYTES + size
-        if len(buffer) < end:
+        if self._pending < end:
             return None
-        body = bytes(buffer[FRAME_HEADER_BYTES:end])
-        del buffer[:end]
-        return body
+        first, at = self._pieces[0], self._at
+        if len(first) - at >= end:  # the usual case: the whole frame in the first piece
+            body = first[at + FRAME_HEADER_BYTES : at + end]
+            self._advance(first, at + end, end)
+            return body
+        self._take(FRAME_HEADER_BYTES)
+        return self._take(size)
+
+    def _size(self) -> int:
+        """The length the next frame's header gives (at least its 4 bytes are here)."""
+        pieces = self._pieces
+        if len(pieces[0]) - self._at < FRAME_HEADER_BYTES:  # the header spans pieces
+            joined = pieces.popleft()[self._at :]
+            while len(joined) < FRAME_HEADER_BYTES:
+                joined += pieces.popleft()
+            pieces.appendleft(joined)
+            self._at = 0
+        size: int = HEADER.unpack_from(pieces[0], self._at)[0]
+        return size
+
+    def _advance(self, first: bytes, at: int, taken: int) -> None:
+        if at == len(first):
+            self._pieces.popleft()
+            at = 0
+        self._at = at
+        self._pending -= taken
+
+    def _take(self, count: int) -> bytes:
+        """The next `count` bytes (no more than are here), out of the pieces."""
+        pieces = self._pieces
+        first, at = pieces[0], self._at
+        if len(first) - at >= count:
+            part = first[at : at + count]
+            self._advance(first, at + count, count)
+            return part
+        parts = [first[at:]]
+        got = len(parts[0])
+        pieces.popleft()
+        at = 0
+        while got < count:
+            piece = pieces[0]
+            need = count - got
+            if len(piece) <= need:
+                parts.append(piece)
+                got += len(piece)
+                pieces.popleft()
+            else:
+                parts.append(piece[:need])
+                got, at = count, need
+        self._at = at
+        self._pending -= count
+        return b"".join(parts)
 
     def release(self) -> None:
         """Drop whatever is buffered and give its memory back."""
-        self._buffer = bytearray()
+        self._pieces = deque()
+        self._at = 0
+        self._pending = 0
 
     @property
     def pending(self) -> int:
         """Bytes received and not yet taken as frames."""
-        return len(self._buffer)
+        return self._pending
 
     @property
     def ready(self) -> bool:
         """True when `pop` has something to say now: a whole frame, or a length it refuses."""
-        buffer = self._buffer
-        if len(buffer) < FRAME_HEADER_BYTES:
+        if self._pending < FRAME_HEADER_BYTES:
             return False
-        size: int = HEADER.unpack_from(buffer, 0)[0]
-        return size == 0 or size > self.max_frame or len(buffer) - FRAME_HEADER_BYTES >= size
+        size = self._size()
+        return size == 0 or size > self.max_frame or self._pending - FRAME_HEADER_BYTES >= size
