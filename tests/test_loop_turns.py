@@ -26,7 +26,7 @@ from npumanager.schemas.limits import TURN_SLICE_S
 
 
 @pytest.fixture
-def daemon(socket_dir: Path) -> Iterator[Daemon]:
+def stepped(socket_dir: Path) -> Iterator[Daemon]:
     """A daemon driven turn by turn (no thread)."""
     service = Service("vnpu", "budget")
     daemon = Daemon(service, socket_dir / "npu.sock")
@@ -56,11 +56,11 @@ def said_hello(daemon: Daemon) -> tuple[socket.socket, Connection]:
 
 
 @pytest.fixture
-def served(daemon: Daemon) -> Iterator[tuple[Daemon, socket.socket, Connection]]:
+def served(stepped: Daemon) -> Iterator[tuple[Daemon, socket.socket, Connection]]:
     """A daemon driven turn by turn and one client that said hello."""
-    client, connection = said_hello(daemon)
+    client, connection = said_hello(stepped)
     with client:
-        yield daemon, client, connection
+        yield stepped, client, connection
 
 
 @pytest.fixture
@@ -114,26 +114,26 @@ def test_part_of_a_frame_behind_one_past_its_slice_is_read_not_kept_for_a_turn(
 
 @pytest.mark.usefixtures("slice_overrun")
 def test_a_connection_whose_apps_slice_is_spent_is_not_read_until_its_next_turn(
-    daemon: Daemon,
+    stepped: Daemon,
 ) -> None:
     """Two connections of one app: the second is left unread (its bytes stay in the
     socket) once the first spent the app's slice, and is read and served next turn."""
-    (first, one), (second, other) = said_hello(daemon), said_hello(daemon)
+    (first, one), (second, other) = said_hello(stepped), said_hello(stepped)
     with first, second:
-        daemon.transport.shares.new_turn()
+        stepped.transport.shares.new_turn()
         first.sendall(encode(Info(seq=1)))
         second.sendall(encode(Info(seq=1)))
-        daemon.transport.io(one.sock, selectors.EVENT_READ)
-        daemon.transport.io(other.sock, selectors.EVENT_READ)
+        stepped.transport.io(one.sock, selectors.EVENT_READ)
+        stepped.transport.io(other.sock, selectors.EVENT_READ)
         assert (frames_sent(first), frames_sent(second)) == (1, 0)
         assert other.wire.pending == 0, "not read: its bytes wait in its socket"
-        assert other in daemon.transport.backlog
-        daemon.transport.serve_backlog()
+        assert other in stepped.transport.backlog
+        stepped.transport.serve_backlog()
         assert frames_sent(second) == 0, "still this turn"
-        daemon.transport.shares.new_turn()
-        daemon.transport.serve_backlog()
+        stepped.transport.shares.new_turn()
+        stepped.transport.serve_backlog()
         assert frames_sent(second) == 1
-        assert other not in daemon.transport.backlog
+        assert other not in stepped.transport.backlog
 
 
 class SlowToRead:
@@ -151,22 +151,22 @@ class SlowToRead:
         return getattr(self._sock, name)
 
 
-def test_the_time_a_read_takes_counts_against_its_apps_slice(daemon: Daemon) -> None:
+def test_the_time_a_read_takes_counts_against_its_apps_slice(stepped: Daemon) -> None:
     """The first connection's frame is served (a slice begun takes one), and its read's
     time is its app's: the app's second connection waits for the next turn."""
-    (first, one), (second, other) = said_hello(daemon), said_hello(daemon)
+    (first, one), (second, other) = said_hello(stepped), said_hello(stepped)
     with first, second:
         one.sock = SlowToRead(one.sock, 0.2)  # type: ignore[assignment]
-        daemon.transport.shares.new_turn()
+        stepped.transport.shares.new_turn()
         first.sendall(encode(Info(seq=1)))
         second.sendall(encode(Info(seq=1)))
-        daemon.transport.io(other.sock, selectors.EVENT_READ)  # warm: the app's own share
+        stepped.transport.io(other.sock, selectors.EVENT_READ)  # warm: the app's own share
         assert frames_sent(second) == 1
-        daemon.transport.shares.new_turn()
+        stepped.transport.shares.new_turn()
         second.sendall(encode(Info(seq=2)))
-        daemon.transport.io(one.sock, selectors.EVENT_READ)
+        stepped.transport.io(one.sock, selectors.EVENT_READ)
         assert frames_sent(first) == 1
-        seconds_left = daemon.transport.shares.left(share_key(one))[1]
+        seconds_left = stepped.transport.shares.left(share_key(one))[1]
         assert seconds_left <= TURN_SLICE_S - 0.2
-        daemon.transport.io(other.sock, selectors.EVENT_READ)
+        stepped.transport.io(other.sock, selectors.EVENT_READ)
         assert frames_sent(second) == 0, "its app's slice went on the other's read"

@@ -90,3 +90,26 @@ def test_python_m_runs_the_program_managed(tmp_path: Path) -> None:
     env = {**without_hook(), "NPUMANAGER_SOCKET": str(tmp_path / "none.sock")}
     lines = all_lines([sys.executable, "-m", "npumanager.run", str(script)], env=env)
     assert lines[-1] == "managed True"
+
+
+def test_the_managed_modules_import_no_runtime_and_openvino_is_managed_after_them(
+    tmp_path: Path,
+) -> None:
+    """A program may import every module of `npumanager.run` before any runtime (as
+    benchmarks/unmodified.py does, before it drops its uid): none of them imports a
+    runtime, and OpenVINO imported afterwards is still managed, with no warning."""
+    pytest.importorskip("openvino")
+    probe = (
+        "import sys, pkgutil, npumanager.run\n"
+        "for m in pkgutil.walk_packages(npumanager.run.__path__, 'npumanager.run.'):\n"
+        "    if '_boot' not in m.name and not m.name.endswith('__main__'):\n"
+        "        __import__(m.name)\n"
+        "print('runtimes_imported', 'openvino' in sys.modules or 'onnxruntime' in sys.modules)\n"
+        "import openvino\n"
+        "print('managed', getattr(openvino, '__npu_manager_managed__', False))\n"
+    )
+    command = managed_command(tmp_path / "none.sock", sys.executable, "-c", probe)
+    done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["runtimes_imported False", "managed True"]
+    assert "warning" not in done.stderr, done.stderr

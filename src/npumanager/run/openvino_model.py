@@ -6,6 +6,7 @@ requests. Failures are `RuntimeError`s, as OpenVINO's are."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -17,11 +18,6 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-
-try:  # where OpenVINO keeps the class of a run's results (2025 on, then before)
-    from openvino.utils.data_helpers import OVDict
-except ImportError:  # pragma: no cover - an OpenVINO older than 2025
-    from openvino.runtime.utils.data_helpers import OVDict
 
 from npumanager.errors import NpuManagerError
 from npumanager.run._boot.npumanager_run_boot import WARNING_PREFIX
@@ -104,17 +100,33 @@ def _name(port: Any) -> str:
     return str(port.get_any_name())
 
 
-class Results(OVDict):  # type: ignore[misc]  # OpenVINO is untyped
-    """A run's outputs as an `OVDict`, OpenVINO's own class: by index, by name or by port
-    (a port of the model read or of the compiled model alike)."""
+Results = Mapping[Any, np.ndarray]
+"""A run's outputs: an `OVDict`, OpenVINO's own class (`_results_of`)."""
 
-    def __init__(self, ports: list[Any], arrays: list[np.ndarray]) -> None:
-        super().__init__(dict(zip(ports, arrays, strict=True)))
 
-    def __getitem__(self, key: Any) -> np.ndarray:
-        if isinstance(key, int | str) or not hasattr(key, "get_any_name"):
-            return super().__getitem__(key)  # type: ignore[no-any-return]
-        return super().__getitem__(_name(key))  # type: ignore[no-any-return]
+@functools.cache
+def _results_class() -> type:
+    """OpenVINO's `OVDict`, looking up a port of the model read or of the compiled model
+    alike. Made on first use, as OpenVINO is imported (this module is, for one, by the hook
+    that runs once OpenVINO is: it must not import OpenVINO itself)."""
+    try:  # where OpenVINO keeps it from 2025 on, and before
+        from openvino.utils.data_helpers import OVDict
+    except ImportError:  # pragma: no cover - an OpenVINO older than 2025
+        from openvino.runtime.utils.data_helpers import OVDict
+
+    class ManagedResults(OVDict):  # type: ignore[misc]  # OpenVINO is untyped
+        def __getitem__(self, key: Any) -> np.ndarray:
+            if isinstance(key, int | str) or not hasattr(key, "get_any_name"):
+                return super().__getitem__(key)  # type: ignore[no-any-return]
+            return super().__getitem__(_name(key))  # type: ignore[no-any-return]
+
+    return ManagedResults
+
+
+def _results_of(ports: list[Any], arrays: list[np.ndarray]) -> Results:
+    """A run's outputs by port, as OpenVINO gives them."""
+    made: Results = _results_class()(dict(zip(ports, arrays, strict=True)))
+    return made
 
 
 class ManagedCompiledModel:
@@ -156,7 +168,7 @@ class ManagedCompiledModel:
     def infer(self, inputs: Any) -> Results:
         """Run once and return the outputs."""
         with _as_runtime_errors():
-            return Results(self.outputs, self._managed.run(self._feed(inputs)))
+            return _results_of(self.outputs, self._managed.run(self._feed(inputs)))
 
     def submit(self, inputs: Any) -> Future[list[Any]]:
         with _as_runtime_errors():
@@ -222,7 +234,7 @@ class ManagedInferRequest:
 
     def _finished(self, future: Future[list[Any]]) -> None:
         if future.exception() is None:
-            self._results = Results(self._compiled.outputs, future.result())
+            self._results = _results_of(self._compiled.outputs, future.result())
         self._done.set()
         if self._callback is not None:
             self._callback(self.userdata)
