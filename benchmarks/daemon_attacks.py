@@ -20,7 +20,8 @@ its own, keeps up one attack, and so on in turn, so every kind sees the same mac
   hello (accepting is time-sliced: a few a turn of the loop);
 * load_flood: `load_real` frames, each with a descriptor of a small file that is no model,
   as fast as the replies come. On vnpu each is refused on the loop before its file is
-  looked at; with `--driver onnxruntime` each goes to the loader and to the connection's
+  looked at, and past a burst of refusals the app is held back (its connections not read
+  for 50 ms after each); with `--driver onnxruntime` each goes to the loader and to the connection's
   model host, which refuses it (at most two wait per connection: what is bounded);
 * cpu_burn, the control: a process that keeps a core busy and never calls the daemon. On
   a 2-core machine any attacker takes a core from the client and the daemon; the

@@ -366,6 +366,8 @@ def test_the_limits_table_gives_the_limits_the_code_has() -> None:
         f"at {lim.OUTBOX_PAUSE_BYTES >> 10} KiB",
         f"at {lim.MAX_OUTBOX_BYTES >> 20} MiB of undelivered callbacks",
         f"{lim.FRAMES_PER_TURN} frames or {lim.TURN_SLICE_S * 1e6:g} us a turn",
+        f"a burst of {lim.REFUSED_CALLS_BURST}, then {lim.REFUSED_CALLS_PER_S} a second",
+        f"room for one more ({1000 // lim.REFUSED_CALLS_PER_S} ms)",
         f"| frame | {lim.MAX_FRAME_BYTES >> 20} MiB |",
         f"at most {lim.SHUTDOWN_FLUSH_S:g} s",
         f"default {lim.DEFAULT_INFO_LIMIT}, at most {lim.MAX_INFO_LIMIT}",

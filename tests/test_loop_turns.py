@@ -15,50 +15,26 @@ from typing import Any
 
 import pytest
 
-from helpers.daemon_support import frames_sent
-from npumanager.core.service.service import Service
+from helpers.daemon_support import frames_sent, stepped_daemon, welcomed
 from npumanager.daemon.server import shares
 from npumanager.daemon.server.connection import Connection
 from npumanager.daemon.server.server import Daemon
 from npumanager.daemon.server.shares import share_key
-from npumanager.daemon.wire.protocol import HELLO, Info, encode
+from npumanager.daemon.wire.protocol import Info, encode
 from npumanager.schemas.limits import TURN_SLICE_S
 
 
 @pytest.fixture
 def stepped(socket_dir: Path) -> Iterator[Daemon]:
     """A daemon driven turn by turn (no thread)."""
-    service = Service("vnpu", "budget")
-    daemon = Daemon(service, socket_dir / "npu.sock")
-    daemon.bind()
-    try:
+    with stepped_daemon(socket_dir / "npu.sock") as daemon:
         yield daemon
-    finally:
-        daemon.stop()
-        daemon.serve_forever()
-        service.close()
-
-
-def said_hello(daemon: Daemon) -> tuple[socket.socket, Connection]:
-    """A new client of the daemon's, welcomed, and its connection."""
-    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    client.connect(str(daemon.socket_path))
-    assert daemon._binding is not None
-    known = set(daemon.transport.connections)
-    daemon._accept(daemon._binding.listener, 0)
-    (fd,) = set(daemon.transport.connections) - known
-    connection = daemon.transport.connections[fd]
-    client.sendall(encode(HELLO))
-    daemon.transport.shares.new_turn()
-    daemon.transport.io(connection.sock, selectors.EVENT_READ)
-    assert frames_sent(client) == 1, "welcomed"
-    return client, connection
 
 
 @pytest.fixture
 def served(stepped: Daemon) -> Iterator[tuple[Daemon, socket.socket, Connection]]:
     """A daemon driven turn by turn and one client that said hello."""
-    client, connection = said_hello(stepped)
+    client, connection = welcomed(stepped)
     with client:
         yield stepped, client, connection
 
@@ -118,7 +94,7 @@ def test_a_connection_whose_apps_slice_is_spent_is_not_read_until_its_next_turn(
 ) -> None:
     """Two connections of one app: the second is left unread (its bytes stay in the
     socket) once the first spent the app's slice, and is read and served next turn."""
-    (first, one), (second, other) = said_hello(stepped), said_hello(stepped)
+    (first, one), (second, other) = welcomed(stepped), welcomed(stepped)
     with first, second:
         stepped.transport.shares.new_turn()
         first.sendall(encode(Info(seq=1)))
@@ -154,7 +130,7 @@ class SlowToRead:
 def test_the_time_a_read_takes_counts_against_its_apps_slice(stepped: Daemon) -> None:
     """The first connection's frame is served (a slice begun takes one), and its read's
     time is its app's: the app's second connection waits for the next turn."""
-    (first, one), (second, other) = said_hello(stepped), said_hello(stepped)
+    (first, one), (second, other) = welcomed(stepped), welcomed(stepped)
     with first, second:
         one.sock = SlowToRead(one.sock, 0.2)  # type: ignore[assignment]
         stepped.transport.shares.new_turn()

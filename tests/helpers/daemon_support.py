@@ -20,6 +20,7 @@ from npumanager.daemon.peer import answers
 
 if TYPE_CHECKING:
     from npumanager.core.service.service import Service
+    from npumanager.daemon.server.connection import Connection
     from npumanager.daemon.server.server import Daemon
 
 # The scripts a test runs by path, each in a process of its own (they import only
@@ -311,3 +312,41 @@ def frames_sent(client: socket.socket) -> int:
         except BlockingIOError:
             return count
         count += sum(1 for _ in reader.feed(data))
+
+
+@contextlib.contextmanager
+def stepped_daemon(path: Path) -> Iterator[Daemon]:
+    """A daemon (vnpu, budget) on `path` that a test drives turn by turn: no thread."""
+    from npumanager.core.service.service import Service
+    from npumanager.daemon.server.server import Daemon
+
+    service = Service("vnpu", "budget")
+    daemon = Daemon(service, path)
+    daemon.bind()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+        daemon.serve_forever()
+        service.close()
+
+
+def welcomed(daemon: Daemon) -> tuple[socket.socket, Connection]:
+    """A new client of a stepped daemon, its hello answered in a turn of its own, and its
+    connection."""
+    import selectors
+
+    from npumanager.daemon.wire.protocol import HELLO, encode
+
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(str(daemon.socket_path))
+    assert daemon._binding is not None
+    known = set(daemon.transport.connections)
+    daemon._accept(daemon._binding.listener, 0)
+    (fd,) = set(daemon.transport.connections) - known
+    connection = daemon.transport.connections[fd]
+    client.sendall(encode(HELLO))
+    daemon.transport.shares.new_turn()
+    daemon.transport.io(connection.sock, selectors.EVENT_READ)
+    assert frames_sent(client) == 1, "welcomed"
+    return client, connection

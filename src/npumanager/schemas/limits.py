@@ -262,6 +262,11 @@ FRAMES_PER_TURN: Final = 32
 """Frames the daemon handles for one app, across its connections, in a turn of its loop."""
 TURN_SLICE_S: Final = 0.00005
 """Time the daemon spends on one app's frames, across its connections, in a turn of its loop."""
+REFUSED_CALLS_BURST: Final = 64
+"""Calls of one app the daemon may refuse in a burst before it holds the app back."""
+REFUSED_CALLS_PER_S: Final = 20
+"""Refused calls a second one app is allowed past its burst: a held app is read again as
+soon as its allowance has room for one more (``npumanager.daemon.server.refusals``)."""
 OUTBOX_PAUSE_BYTES: Final = 256 << 10
 """A client with this much unread is not served more until it reads (backpressure)."""
 INFO_SNAPSHOT_TTL_S: Final = 0.25

@@ -282,6 +282,9 @@ class Daemon:
             times.append(self._trim.due)
         if self._watchdog_at is not None:
             times.append(self._watchdog_at)
+        released = self.transport.refusals.next_release()
+        if released is not None:
+            times.append(released)
         return max(0.0, min(times) - time.monotonic()) if times else None
 
     def _dropped(self, connection: Connection) -> None:
@@ -312,6 +315,8 @@ class Daemon:
             self._watchdog_at = now + self.notifier.watchdog_s
 
     def _on_time(self, now: float) -> None:
+        if self.transport.held:
+            self.transport.release_held()
         if self._watchdog_at is not None and now >= self._watchdog_at:
             self._pet_watchdog(now)
         if self._trim.take(now):

@@ -25,6 +25,9 @@ class DaemonStats:
         self.closed_idle = 0
         self.deaths = 0
         self.accept_pauses = 0
+        self.refusal_holds = 0
+        """Times an app was held back for the calls the daemon refused it
+        (`daemon.server.refusals`)."""
         self.inferences_inline = 0
         """Inferences run by the thread that received them: the loop's (the standby leading
         meanwhile) or a lane's."""

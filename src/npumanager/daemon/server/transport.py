@@ -26,7 +26,8 @@ from npumanager.daemon.server.frames import FrameHandler, clip
 from npumanager.daemon.server.info import InfoCache
 from npumanager.daemon.server.quotas import DaemonLimits, UidUsage
 from npumanager.daemon.server.ratelog import RateLimitedLog
-from npumanager.daemon.server.shares import LoopShares, share_key
+from npumanager.daemon.server.refusals import RefusalAllowance
+from npumanager.daemon.server.shares import LoopShares, ShareKey, share_key
 from npumanager.daemon.server.stats import DaemonStats
 from npumanager.daemon.wire import protocol as p
 from npumanager.daemon.wire.connection import NEED_DATA
@@ -78,6 +79,9 @@ class Transport:
         self.dirty: set[Connection] = set()
         self.backlog: dict[Connection, None] = {}
         """Connections with frames waiting their turn, the longest waiting first."""
+        self.refusals = RefusalAllowance()
+        self.held: dict[Connection, None] = {}
+        """Connections of apps held back for their refused calls: not read until released."""
         self.shares = LoopShares()
         self.buffered = 0
         """Bytes buffered for all clients: partial frames and unsent replies."""
@@ -152,6 +156,9 @@ class Transport:
         if connection in self.backlog or connection.paused:
             return  # it has frames waiting their turn: read no more until they are handled
         key = share_key(connection)
+        if self.refusals.held(key):
+            self._hold(connection)
+            return
         if not self.shares.has_left(key):
             self.backlog[connection] = None  # its app's slice is spent: read it next turn
             return
@@ -213,6 +220,7 @@ class Transport:
         started = time.perf_counter()
         ends = started + seconds
         handled = 0
+        refused = self.stats.call_errors
         try:
             while handled < frames and seconds > 0:  # a slice begun takes at least one frame
                 if connection.closed:
@@ -227,9 +235,16 @@ class Transport:
                 self.buffered -= before - wire.pending
                 handled += 1
                 self.frames.handle(connection, event)
+                if self.stats.call_errors != refused and self._refused(connection, key):
+                    break
+                refused = self.stats.call_errors
                 if time.perf_counter() >= ends:
                     break
-            if not connection.closed and wire.has_frame:  # the rest wait for the next turn
+            if connection.closed:
+                return
+            if self.refusals.held(key):
+                self._hold(connection)
+            elif wire.has_frame:  # the rest wait for the next turn
                 self.backlog[connection] = None
         except p.ProtocolError as exc:
             self.fatal(connection, str(exc))
@@ -251,7 +266,11 @@ class Transport:
         of their slices left: the frames they hold, or what they sent meanwhile."""
         shares = self.shares
         for connection in list(self.backlog):
-            if not shares.has_left(share_key(connection)):
+            key = share_key(connection)
+            if self.refusals.held(key):
+                self._hold(connection)
+                continue
+            if not shares.has_left(key):
                 continue  # its app's slice is spent: it keeps its place for the next turn
             try:
                 if connection.wire.has_frame:
@@ -283,13 +302,47 @@ class Transport:
             return
         if connection.paused and len(outbox) < OUTBOX_PAUSE_BYTES // 2:
             connection.paused = False
-            self.backlog[connection] = None  # frames it sent meanwhile are still buffered
-        events = (0 if connection.paused else selectors.EVENT_READ) | (
-            selectors.EVENT_WRITE if outbox else 0
+            if connection not in self.held:
+                self.backlog[connection] = None  # frames it sent meanwhile are still buffered
+        self._watch(connection)
+
+    def _watch(self, connection: Connection) -> None:
+        """Watch the socket for what the connection waits for: its client's bytes unless
+        it is paused or held, and room to write while it has replies queued."""
+        reading = not connection.paused and connection not in self.held
+        events = (selectors.EVENT_READ if reading else 0) | (
+            selectors.EVENT_WRITE if connection.outbox else 0
         )
         if events != connection.events:
             connection.events = events
             self.selector.modify(connection.sock, events, self.io)
+
+    def _refused(self, connection: Connection, key: ShareKey) -> bool:
+        """A call of the connection's was refused: True if that holds its app back."""
+        if connection.management or not self.refusals.refused(key):
+            return False
+        self.stats.refusal_holds += 1
+        self._log.warning(
+            "holding back uid %d pid %d: the daemon refused more than %d of its app's calls "
+            "in a burst",
+            connection.peer.uid,
+            connection.peer.pid,
+            self.refusals.burst,
+        )
+        return True
+
+    def _hold(self, connection: Connection) -> None:
+        """Read nothing more of a connection of a held app until `release_held`."""
+        self.backlog.pop(connection, None)
+        self.held[connection] = None
+        self._watch(connection)
+
+    def release_held(self) -> None:
+        """Read again the connections of every app whose hold is over."""
+        for connection in [c for c in self.held if not self.refusals.held(share_key(c))]:
+            del self.held[connection]
+            self._watch(connection)
+            self.backlog[connection] = None  # what it sent meanwhile is served next turn
 
     def fatal(self, connection: Connection, message: str) -> None:
         self.stats.protocol_errors += 1
@@ -308,6 +361,7 @@ class Transport:
             connection.closed = True
         self.dirty.discard(connection)
         self.backlog.pop(connection, None)
+        self.held.pop(connection, None)
         self._on_drop(connection)
         self.connections.pop(connection.fd, None)
         with contextlib.suppress(KeyError, ValueError):
