@@ -51,7 +51,12 @@ from npumanager.daemon.wire.protocol import (
     parse_daemon,
 )
 from npumanager.schemas import ModelLoadStatus
-from npumanager.schemas.limits import FRAMES_PER_TURN, LOG_BURST, OUTBOX_PAUSE_BYTES
+from npumanager.schemas.limits import (
+    FRAMES_PER_TURN,
+    LOG_BURST,
+    OUTBOX_PAUSE_BYTES,
+    REFUSED_CALLS_BURST,
+)
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="giving client processes their own uids needs root"
@@ -687,9 +692,10 @@ def test_a_flood_of_loads_is_bounded_per_connection_and_its_descriptors_come_bac
     model_file: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """10,000 load frames, each re-sending one descriptor, without waiting: at most
-    `MAX_LOADS_PER_CONNECTION` wait at a time, the rest are refused at once with their
-    descriptors closed, and everything comes back when the client goes."""
+    """400 load frames, each re-sending one descriptor, without waiting: at most
+    `MAX_LOADS_PER_CONNECTION` wait at a time, the rest are refused with their descriptors
+    closed (past a burst of refusals the app is held back, and its frames wait in its
+    socket), and everything comes back when the client goes."""
     pytest.importorskip("onnxruntime")
     daemon = serve("--driver", "onnxruntime")
     for _ in range(2):  # the runtime's own memory is in the baseline, and its arenas warm
@@ -700,10 +706,11 @@ def test_a_flood_of_loads_is_bounded_per_connection_and_its_descriptors_come_bac
         warm.close()
     start = baseline(daemon, apps)
     monkeypatch.setenv("NPU_ATTACK_MODEL", str(model_file))
-    flood = attack(attackers, daemon, "load_flood", 10_000, timeout=600)
+    flood = attack(attackers, daemon, "load_flood", 400, timeout=600)
     replies = flood.report["replies"]
-    assert sum(n for kind, n in replies.items() if kind != "in_flight_refusals") == 10_000
-    assert replies.get("in_flight_refusals", 0) > 0, replies
+    assert sum(n for kind, n in replies.items() if kind != "in_flight_refusals") == 400
+    assert replies.get("in_flight_refusals", 0) >= REFUSED_CALLS_BURST, replies
+    assert admin_info(daemon)["daemon"]["refusal_holds"] > 0
     assert replies.get("DaemonError", 0) == 0, replies
     # The last reply leaves before the loader's thread marks its load done: wait for that.
     idle = {"queued": 0, "running": 0}
