@@ -55,9 +55,10 @@ class FrameHandler:
         self._said_hello = said_hello
         self._handlers: dict[type[p.Call], Handler] = {**handlers, p.Info: self._on_info}
 
-    def handle(self, connection: Connection, event: Event) -> None:
-        """Act on one event of the connection's wire (a message or a `BadCall`);
-        `ProtocolError` if it breaks the protocol."""
+    def handle(self, connection: Connection, event: Event) -> bool:
+        """Act on one event of the connection's wire (a message or a `BadCall`); True if
+        the call was refused as the client's mistake (`refusals`). `ProtocolError` if it
+        breaks the protocol."""
         self.stats.frames_in += 1
         if isinstance(event, BadCall):
             # A malformed real-inference call is answered, and the connection stays; a
@@ -67,10 +68,10 @@ class FrameHandler:
             connection.send(
                 p.Error(seq=event.seq, kind="IllegalArgumentError", message=clip(str(event.error)))
             )
-            return
+            return True
         if isinstance(event, p.Hello):
             self._hello(connection, event)
-            return
+            return False
         message: p.ClientMessage = event
         assert isinstance(message, p.Call) and connection.manager is not None
         seq = message.seq
@@ -80,17 +81,18 @@ class FrameHandler:
             result = self._handlers[type(message)](connection, message)
         except Exception as exc:
             connection.send(call_error(seq, exc, self.stats, message.op, connection.peer.uid))
-            return
+            return isinstance(exc, _CALL_ERRORS)
         # The call's own callbacks go first, as they run before an in-process call returns.
         self._run_ready()
         if isinstance(result, NoReply):
-            return
+            return False
         if result is None:
             connection.send_frame(p.reply_frame(seq))
         elif isinstance(result, bytes):  # an info reply: what it shows the asker saw already
             connection.send_frame(p.result_frame(seq, result), observed=False)
         else:
             connection.send(p.Reply(seq=seq, result=result))
+        return False
 
     def _hello(self, connection: Connection, hello: p.Hello) -> None:
         """The wire checked the hello's place and version; the kernel's identity is

@@ -220,7 +220,6 @@ class Transport:
         started = time.perf_counter()
         ends = started + seconds
         handled = 0
-        refused = self.stats.call_errors
         try:
             while handled < frames and seconds > 0:  # a slice begun takes at least one frame
                 if connection.closed:
@@ -234,10 +233,8 @@ class Transport:
                     return
                 self.buffered -= before - wire.pending
                 handled += 1
-                self.frames.handle(connection, event)
-                if self.stats.call_errors != refused and self._refused(connection, key):
+                if self.frames.handle(connection, event) and self._refused(connection, key):
                     break
-                refused = self.stats.call_errors
                 if time.perf_counter() >= ends:
                     break
             if connection.closed:
